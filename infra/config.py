@@ -1,0 +1,197 @@
+"""kwal's one configuration object.
+
+Every component takes its settings from a `KwalConfig`. Sources, later wins:
+
+1. the defaults below (the embedded stack on a laptop);
+2. a TOML file: `$KWAL_CONFIG`, else `./kwal.toml` if present. Sections are
+   the dataclass names below (`[topics]`, `[wal]`, ...), plus `[kafka]`;
+3. environment variables `KWAL_<SECTION>_<FIELD>` (e.g. `KWAL_WAL_BACKEND=kafka`,
+   `KWAL_TN_HEARTBEAT_MS=20`).
+
+Kafka client settings are passed to confluent-kafka untouched: the `[kafka]`
+table holds librdkafka property names as they are (`"security.protocol"`,
+`"sasl.mechanism"`, `"ssl.ca.location"`, ...), and an environment variable
+`KWAL_KAFKA_SASL_USERNAME` becomes `sasl.username` (lower case, `_` -> `.`).
+`KWAL_BOOTSTRAP` is a short form of `bootstrap.servers`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+class ConfigError(ValueError):
+    """A configuration value is missing, unknown or of the wrong type."""
+
+
+@dataclass
+class TopicsConfig:
+    prefix: str = "kwal"
+    wal_partitions: int = 1
+    replication_factor: int = 1
+
+    def name(self, role: str) -> str:
+        return f"{self.prefix}.{role}"
+
+    @property
+    def requests(self) -> str:
+        return self.name("requests")
+
+    @property
+    def results(self) -> str:
+        return self.name("results")
+
+    @property
+    def wal(self) -> str:
+        return self.name("wal")
+
+    @property
+    def wal_meta(self) -> str:
+        return self.name("wal-meta")
+
+    @property
+    def catalog(self) -> str:
+        return self.name("catalog")
+
+    def logtail(self, database: str, table: str) -> str:
+        return self.name(f"logtail.{database}.{table}")
+
+
+@dataclass
+class ObjectStoreConfig:
+    url: str = "file://.kwal/objects"  # or s3://bucket/prefix
+    endpoint_url: str = ""  # S3 endpoint; empty = AWS default
+    region: str = "us-east-1"
+    access_key_id: str = ""
+    secret_access_key: str = ""
+
+
+@dataclass
+class WalConfig:
+    backend: str = "file"  # file | kafka | memory
+    dir: str = ".kwal/wal"
+    segment_bytes: int = 64 << 20
+    recovery_mode: str = "point-in-time"
+    group_max_entries: int = 512
+    group_max_bytes: int = 1 << 20
+    window: int = 4096  # max LSN distance newest-issued ahead of oldest-unacknowledged
+    append_timeout_s: float = 30.0
+
+
+@dataclass
+class TnConfig:
+    heartbeat_ms: int = 50
+    checkpoint_interval_s: float = 60.0
+    checkpoint_wal_bytes: int = 256 << 20
+    max_request_bytes: int = 8 << 20
+    commit_queue: int = 4096
+    metrics_port: int = 0  # 0 = no metrics endpoint
+
+
+@dataclass
+class StackConfig:
+    """The embedded stack `kwal up` runs."""
+
+    state_dir: str = ".kwal"
+    broker_storage: str = "memory://tansu/"  # or s3://bucket/ on the local S3 server
+    start_timeout_s: float = 30.0
+
+
+@dataclass
+class KwalConfig:
+    kafka: dict[str, str] = field(default_factory=lambda: {"bootstrap.servers": "127.0.0.1:9092"})
+    topics: TopicsConfig = field(default_factory=TopicsConfig)
+    objectstore: ObjectStoreConfig = field(default_factory=ObjectStoreConfig)
+    wal: WalConfig = field(default_factory=WalConfig)
+    tn: TnConfig = field(default_factory=TnConfig)
+    stack: StackConfig = field(default_factory=StackConfig)
+
+    @property
+    def bootstrap(self) -> str:
+        return self.kafka["bootstrap.servers"]
+
+    def kafka_client(self, **overrides: Any) -> dict[str, Any]:
+        """Settings for a confluent-kafka client: the pass-through table plus overrides."""
+        conf: dict[str, Any] = dict(self.kafka)
+        conf.update(overrides)
+        return conf
+
+    def with_bootstrap(self, bootstrap: str) -> KwalConfig:
+        kafka = dict(self.kafka)
+        kafka["bootstrap.servers"] = bootstrap
+        return dataclasses.replace(self, kafka=kafka)
+
+    @classmethod
+    def load(
+        cls, path: str | os.PathLike[str] | None = None, environ: dict[str, str] | None = None
+    ) -> KwalConfig:
+        env = dict(os.environ if environ is None else environ)
+        cfg = cls()
+        toml_path = path or env.get("KWAL_CONFIG") or ("kwal.toml" if Path("kwal.toml").exists() else None)
+        if toml_path:
+            try:
+                data = tomllib.loads(Path(toml_path).read_text())
+            except (OSError, tomllib.TOMLDecodeError) as e:
+                raise ConfigError(f"cannot read config file {toml_path}: {e}") from e
+            cfg._apply_mapping(data, source=str(toml_path))
+        cfg._apply_env(env)
+        return cfg
+
+    def _apply_mapping(self, data: dict[str, Any], source: str) -> None:
+        for section, values in data.items():
+            if section == "kafka":
+                if not isinstance(values, dict):
+                    raise ConfigError(f"{source}: [kafka] must be a table")
+                self.kafka.update({str(k): str(v) for k, v in values.items()})
+                continue
+            target = self._section(section, source)
+            if not isinstance(values, dict):
+                raise ConfigError(f"{source}: [{section}] must be a table")
+            for key, value in values.items():
+                _set_field(target, key, value, f"{source}: {section}.{key}")
+
+    def _apply_env(self, env: dict[str, str]) -> None:
+        if "KWAL_BOOTSTRAP" in env:
+            self.kafka["bootstrap.servers"] = env["KWAL_BOOTSTRAP"]
+        sections = {f.name for f in dataclasses.fields(self) if f.name != "kafka"}
+        for name, value in env.items():
+            if not name.startswith("KWAL_") or name in ("KWAL_BOOTSTRAP", "KWAL_CONFIG"):
+                continue
+            rest = name[len("KWAL_") :].lower()
+            if rest.startswith("kafka_"):
+                self.kafka[rest[len("kafka_") :].replace("_", ".")] = value
+                continue
+            section, _, key = rest.partition("_")
+            if section in sections and key:
+                _set_field(getattr(self, section), key, value, f"environment {name}")
+
+
+    def _section(self, section: str, source: str) -> Any:
+        names = [f.name for f in dataclasses.fields(self)]
+        if section not in names:
+            raise ConfigError(f"{source}: unknown section [{section}] (known: {', '.join(names)})")
+        return getattr(self, section)
+
+
+def _set_field(target: Any, key: str, value: Any, where: str) -> None:
+    fields = {f.name: f for f in dataclasses.fields(target)}
+    if key not in fields:
+        raise ConfigError(f"{where}: unknown setting (known: {', '.join(fields)})")
+    current = getattr(target, key)
+    try:
+        if isinstance(current, bool):
+            coerced: Any = value if isinstance(value, bool) else str(value).lower() in ("1", "true", "yes", "on")
+        elif isinstance(current, int):
+            coerced = int(value)
+        elif isinstance(current, float):
+            coerced = float(value)
+        else:
+            coerced = str(value)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"{where}: expected {type(current).__name__}, got {value!r}") from e
+    setattr(target, key, coerced)

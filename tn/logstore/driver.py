@@ -1,0 +1,125 @@
+"""The log driver interface (seeds 003/004) and the LogStore that assigns logical LSNs.
+
+A *driver* persists opaque entry payloads, each tagged with the logical LSN the
+LogStore gave it. Backends (file, Kafka, memory) implement `LogDriver`; they
+never decode payloads.
+
+Contract every backend keeps:
+
+1. LSNs are logical, contiguous and start at 1. `append(lsn, payload)` is
+   called with strictly increasing, gap-free LSNs (the LogStore guarantees it).
+2. `append` returns at once; its future completes with the LSN once that entry
+   *and every entry before it* is durable. Futures therefore complete in LSN
+   order, even when the backend finishes writes out of order.
+3. A future that fails means "not acknowledged": the entry may or may not be
+   replayed later, but it was never reported durable.
+4. `truncate(lsn)` declares every entry with LSN <= lsn disposable. The point is
+   recorded durably; physical deletion may lag or never happen (a broker
+   without DeleteRecords). `read` never returns an entry at or below it.
+5. Opening a driver recovers it: `last_lsn()` is the highest LSN of the
+   contiguous durable run after the truncation point (0 for an empty log),
+   and the LogStore continues at `last_lsn() + 1`.
+"""
+
+from __future__ import annotations
+
+import threading
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class LogRecord:
+    """One entry as a driver stores it: its logical LSN and opaque payload."""
+
+    lsn: int
+    payload: bytes
+
+
+class LogStoreError(Exception):
+    """Base class of log store errors."""
+
+
+class LogClosedError(LogStoreError):
+    """The driver was closed; no further appends are accepted."""
+
+
+class LogDriver(ABC):
+    """A log backend: asynchronous, ordered, truncatable storage of entries."""
+
+    @abstractmethod
+    def append(self, lsn: int, payload: bytes) -> Future[int]:
+        """Queue one entry; the future completes with `lsn` once it and all before it are durable."""
+
+    @abstractmethod
+    def read(self, from_lsn: int, max_bytes: int) -> tuple[list[LogRecord], int]:
+        """Return entries with LSN >= from_lsn (at least one if any exist, then up to
+        max_bytes of payload) and the LSN to continue from."""
+
+    @abstractmethod
+    def truncate(self, lsn: int) -> None:
+        """Declare entries with LSN <= lsn disposable; record the point durably."""
+
+    @abstractmethod
+    def truncated(self) -> int:
+        """The durable truncation point (0 when never truncated)."""
+
+    @abstractmethod
+    def last_lsn(self) -> int:
+        """The highest LSN appended or recovered (0 when empty)."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Flush what is queued, complete or fail every future, release resources."""
+
+
+class LogStore:
+    """Assigns contiguous logical LSNs on top of a driver.
+
+    The lock makes "take the next LSN" and "hand it to the driver" one step, so
+    the driver always sees LSNs in order, whichever thread appends.
+    """
+
+    def __init__(self, driver: LogDriver) -> None:
+        self._driver = driver
+        self._lock = threading.Lock()
+        self._next = driver.last_lsn() + 1
+
+    @property
+    def driver(self) -> LogDriver:
+        return self._driver
+
+    def next_lsn(self) -> int:
+        with self._lock:
+            return self._next
+
+    def append(self, encode: bytes | Callable[[int], bytes]) -> Future[int]:
+        """Append one entry. `encode` is the payload, or a callable that builds the
+        payload from the LSN it is given (the WAL entry embeds its own LSN)."""
+        with self._lock:
+            lsn = self._next
+            payload = encode(lsn) if callable(encode) else encode
+            future = self._driver.append(lsn, payload)
+            self._next = lsn + 1
+            return future
+
+    def records(self, from_lsn: int | None = None, max_bytes: int = 4 << 20) -> Iterator[LogRecord]:
+        """Every stored entry from `from_lsn` (default: just after the truncation point)."""
+        lsn = self._driver.truncated() + 1 if from_lsn is None else from_lsn
+        while True:
+            batch, lsn = self._driver.read(lsn, max_bytes)
+            if not batch:
+                return
+            yield from batch
+
+    def truncate(self, lsn: int) -> None:
+        self._driver.truncate(lsn)
+
+    def truncated(self) -> int:
+        return self._driver.truncated()
+
+    def close(self) -> None:
+        self._driver.close()
+
