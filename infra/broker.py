@@ -29,7 +29,9 @@ def tansu_binary() -> str:
 
 def metadata_ok(bootstrap: str, timeout_s: float = 2.0) -> bool:
     """True when a broker at `bootstrap` answers a Metadata request."""
-    admin = AdminClient({"bootstrap.servers": bootstrap, "socket.timeout.ms": int(timeout_s * 1000)})
+    admin = AdminClient(
+        {"bootstrap.servers": bootstrap, "socket.timeout.ms": int(timeout_s * 1000), "log_level": 2}
+    )
     md = admin.list_topics(timeout=timeout_s)
     return bool(md.brokers)
 

@@ -110,14 +110,21 @@ class KwalConfig:
     wal: WalConfig = field(default_factory=WalConfig)
     tn: TnConfig = field(default_factory=TnConfig)
     stack: StackConfig = field(default_factory=StackConfig)
+    bootstrap_explicit: bool = False  # set when a file or the environment named bootstrap.servers
 
     @property
     def bootstrap(self) -> str:
         return self.kafka["bootstrap.servers"]
 
     def kafka_client(self, **overrides: Any) -> dict[str, Any]:
-        """Settings for a confluent-kafka client: the pass-through table plus overrides."""
-        conf: dict[str, Any] = dict(self.kafka)
+        """Settings for a confluent-kafka client: the pass-through table plus overrides.
+
+        librdkafka's own log lines (connection refused, retries...) are quieted
+        to critical by default: kwal reports failures itself, once, with the
+        address. Set `log_level` in `[kafka]` (0-7) to see them again.
+        """
+        conf: dict[str, Any] = {"log_level": 2, "log.connection.close": False}
+        conf.update(self.kafka)
         conf.update(overrides)
         return conf
 
@@ -140,6 +147,7 @@ class KwalConfig:
                 raise ConfigError(f"cannot read config file {toml_path}: {e}") from e
             cfg._apply_mapping(data, source=str(toml_path))
         cfg._apply_env(env)
+        cfg.bootstrap_explicit = cfg.kafka["bootstrap.servers"] != cls().kafka["bootstrap.servers"]
         return cfg
 
     def _apply_mapping(self, data: dict[str, Any], source: str) -> None:
@@ -158,7 +166,7 @@ class KwalConfig:
     def _apply_env(self, env: dict[str, str]) -> None:
         if "KWAL_BOOTSTRAP" in env:
             self.kafka["bootstrap.servers"] = env["KWAL_BOOTSTRAP"]
-        sections = {f.name for f in dataclasses.fields(self) if f.name != "kafka"}
+        sections = {f.name for f in dataclasses.fields(self) if f.name not in ("kafka", "bootstrap_explicit")}
         for name, value in env.items():
             if not name.startswith("KWAL_") or name in ("KWAL_BOOTSTRAP", "KWAL_CONFIG"):
                 continue
@@ -170,9 +178,8 @@ class KwalConfig:
             if section in sections and key:
                 _set_field(getattr(self, section), key, value, f"environment {name}")
 
-
     def _section(self, section: str, source: str) -> Any:
-        names = [f.name for f in dataclasses.fields(self)]
+        names = [f.name for f in dataclasses.fields(self) if f.name not in ("kafka", "bootstrap_explicit")]
         if section not in names:
             raise ConfigError(f"{source}: unknown section [{section}] (known: {', '.join(names)})")
         return getattr(self, section)

@@ -18,17 +18,17 @@ versioned Avro envelope (`wal_entry.avsc`) and back. Timestamps are HLC values
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 
 
-class CatalogKind(str, Enum):
+class CatalogKind(StrEnum):
     DATABASE = "database"
     TABLE = "table"
     SEGMENT = "segment"
     BLOCK = "block"
 
 
-class CatalogReason(str, Enum):
+class CatalogReason(StrEnum):
     """Why a catalog node changed; compact and merge are only catalog updates."""
 
     DDL = "ddl"  # create/drop database or table, alter table
@@ -39,7 +39,7 @@ class CatalogReason(str, Enum):
     LARGE_TXN = "large_txn"  # a block a producer uploaded itself, committed as metadata
 
 
-class ColumnType(str, Enum):
+class ColumnType(StrEnum):
     INT64 = "int64"
     FLOAT64 = "float64"
     STRING = "string"

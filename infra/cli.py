@@ -1,0 +1,83 @@
+"""The `kwal` command line (argparse).
+
+Arguments are declared here, in one place; each command's work lives in the
+module named beside it, imported only when that command runs (so `kwal
+doctor` never pays for importing Spark). Every command module exposes
+`run(args, cfg) -> int` (the exit code).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from infra.config import ConfigError, KwalConfig
+from infra.stack import apply_stack
+
+
+def _command(sub: argparse._SubParsersAction, name: str, target: str, help: str) -> argparse.ArgumentParser:
+    parser = sub.add_parser(name, help=help, description=help)
+    parser.set_defaults(target=target)
+    return parser
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="kwal", description="A transactional log platform on Kafka.")
+    parser.add_argument("--config", help="TOML config file (default: $KWAL_CONFIG or ./kwal.toml)")
+    parser.add_argument("--bootstrap", help="Kafka bootstrap servers (overrides the config)")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    doctor = _command(sub, "doctor", "infra.doctor:run", "probe which Kafka features the broker really has")
+    doctor.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    doctor.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the broker")
+
+    _command(sub, "demo", "infra.demo:run", "run the end-to-end demo on the embedded stack")
+
+    up = _command(sub, "up", "infra.stack:run_up", "start the embedded stack (broker + S3) in the background")
+    up.add_argument("--broker-storage", choices=["memory", "s3"], default="memory")
+    _command(sub, "down", "infra.stack:run_down", "stop what `kwal up` started")
+    _command(sub, "status", "infra.stack:run_status", "show the embedded stack's processes and addresses")
+
+    wal = sub.add_parser("wal", help="inspect a write-ahead log").add_subparsers(dest="wal_command", required=True)
+    dump = _command(wal, "dump", "tn.logstore.dump:run", "print the entries of a file-backend WAL")
+    dump.add_argument("path", help="the WAL directory")
+    dump.add_argument("--json", action="store_true", help="one JSON object per entry")
+    dump.add_argument("--recovery-mode", default="point-in-time")
+
+    bench = sub.add_parser("bench", help="benchmarks (one JSON line each)").add_subparsers(
+        dest="bench_command", required=True
+    )
+    bwal = _command(bench, "wal", "infra.bench.wal_{backend}:run", "WAL append throughput and latency")
+    bwal.add_argument("--backend", choices=["file", "kafka"], default="file")
+    bwal.add_argument("--entries", type=int, default=0, help="entries per run (0 = the bench's default)")
+    bcommit = _command(bench, "commit", "infra.bench.commit:run", "TN commit throughput vs Kafka transactions")
+    bcommit.add_argument("--seconds", type=float, default=5.0, help="seconds per client count")
+
+    tn = sub.add_parser("tn", help="the transaction node").add_subparsers(dest="tn_command", required=True)
+    _command(tn, "run", "tn.service.main:run", "run the TN: consume requests, commit, publish results")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        cfg = KwalConfig.load(args.config)
+    except ConfigError as e:
+        print(f"kwal: {e}", file=sys.stderr)
+        return 2
+    if args.bootstrap:
+        cfg = cfg.with_bootstrap(args.bootstrap)
+    cfg = apply_stack(cfg, explicit_bootstrap=bool(args.bootstrap) or cfg.bootstrap_explicit)
+    module_name, _, func = args.target.format(**vars(args)).partition(":")
+    run = getattr(importlib.import_module(module_name), func)
+    try:
+        return int(run(args, cfg))
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,304 @@
+"""`kwal doctor`: which Kafka features the broker really has, found by trying them.
+
+Every probe runs on a scratch topic of its own and has a bounded wait. The
+result is tri-state: works, missing, or unknown (the probe could not decide,
+e.g. retention that real Kafka enforces only every few minutes). Code that
+depends on a feature asks `probe(cfg)` (cached per bootstrap address) instead
+of assuming; DESIGN.md lists what the embedded broker is known to lack.
+
+The DeleteRecords probe runs last, on a client of its own: on the embedded
+broker it breaks the connection.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from confluent_kafka import (
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Producer,
+    TopicPartition,
+)
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from infra.config import KwalConfig
+
+WORKS, MISSING, UNKNOWN = "works", "missing", "unknown"
+
+
+@dataclass(frozen=True)
+class Probe:
+    status: str  # works | missing | unknown
+    detail: str = ""
+
+    @property
+    def works(self) -> bool:
+        return self.status == WORKS
+
+
+@dataclass
+class BrokerFeatures:
+    bootstrap: str
+    idempotent_producer: Probe = field(default_factory=lambda: Probe(UNKNOWN))
+    exact_high_watermark: Probe = field(default_factory=lambda: Probe(UNKNOWN))
+    offsets_for_times: Probe = field(default_factory=lambda: Probe(UNKNOWN))
+    transactions: Probe = field(default_factory=lambda: Probe(UNKNOWN))
+    read_committed: Probe = field(default_factory=lambda: Probe(UNKNOWN))
+    retention_enforced: Probe = field(default_factory=lambda: Probe(UNKNOWN))
+    delete_records: Probe = field(default_factory=lambda: Probe(UNKNOWN))
+
+    def items(self) -> list[tuple[str, Probe]]:
+        return [(k, v) for k, v in vars(self).items() if isinstance(v, Probe)]
+
+
+class BrokerUnreachableError(RuntimeError):
+    """Nothing answered a Metadata request at the configured address."""
+
+
+_cache: dict[str, BrokerFeatures] = {}
+_cache_lock = threading.Lock()
+
+
+def probe(cfg: KwalConfig, timeout_s: float = 10.0, refresh: bool = False) -> BrokerFeatures:
+    """The broker's features, probed once per process per bootstrap address."""
+    with _cache_lock:
+        if not refresh and cfg.bootstrap in _cache:
+            return _cache[cfg.bootstrap]
+    features = _Prober(cfg, timeout_s).run()
+    with _cache_lock:
+        _cache[cfg.bootstrap] = features
+    return features
+
+
+class _Prober:
+    def __init__(self, cfg: KwalConfig, timeout_s: float) -> None:
+        self.cfg = cfg
+        self.timeout_s = timeout_s
+        self.admin = AdminClient(cfg.kafka_client(**{"socket.timeout.ms": int(timeout_s * 1000)}))
+        self.prefix = f"{cfg.topics.prefix}.doctor-{uuid.uuid4().hex[:8]}"
+        self.created: list[str] = []
+
+    def run(self) -> BrokerFeatures:
+        try:
+            md = self.admin.list_topics(timeout=self.timeout_s)
+            if not md.brokers:
+                raise KafkaException(KafkaError(KafkaError._TRANSPORT))
+        except KafkaException as e:
+            raise BrokerUnreachableError(
+                f"no Kafka broker answered at {self.cfg.bootstrap} within {self.timeout_s:.0f}s ({e})"
+            ) from e
+        f = BrokerFeatures(self.cfg.bootstrap)
+        f.idempotent_producer = self._guard(self._idempotent)
+        f.exact_high_watermark = self._guard(self._high_watermark)
+        f.offsets_for_times = self._guard(self._offsets_for_times)
+        f.transactions = self._guard(self._transactions)
+        f.read_committed = (
+            self._guard(self._read_committed)
+            if f.transactions.works
+            else Probe(UNKNOWN, "needs transactions")
+        )
+        f.retention_enforced = self._guard(self._retention)
+        f.delete_records = self._guard(self._delete_records)
+        self._cleanup()
+        return f
+
+    def _guard(self, fn: Callable[[], Probe]) -> Probe:
+        try:
+            return fn()
+        except Exception as e:  # noqa: BLE001 - a probe that blows up reports why
+            return Probe(MISSING, f"{type(e).__name__}: {e}"[:200])
+
+    # -- helpers -----------------------------------------------------------
+
+    def _topic(self, role: str, config: dict[str, str] | None = None) -> str:
+        name = f"{self.prefix}.{role}"
+        fut = self.admin.create_topics([NewTopic(name, 1, 1, config=config or {})])[name]
+        fut.result(timeout=self.timeout_s)
+        self.created.append(name)
+        return name
+
+    def _producer(self, **extra: Any) -> Producer:
+        return Producer(self.cfg.kafka_client(**{"acks": "all", "linger.ms": 5, **extra}))
+
+    def _consumer(self, **extra: Any) -> Consumer:
+        return Consumer(
+            self.cfg.kafka_client(
+                **{
+                    "group.id": f"{self.prefix}-probe",
+                    "enable.auto.commit": False,
+                    "fetch.wait.max.ms": 50,
+                    **extra,
+                }
+            )
+        )
+
+    def _produce(self, producer: Producer, topic: str, values: list[bytes], timestamps: list[int] | None = None) -> None:
+        errors: list[str] = []
+
+        def report(err: KafkaError | None, _msg: Any) -> None:
+            if err is not None:
+                errors.append(str(err))
+
+        for i, v in enumerate(values):
+            kwargs: dict[str, Any] = {"on_delivery": report}
+            if timestamps:
+                kwargs["timestamp"] = timestamps[i]
+            producer.produce(topic, v, **kwargs)
+        left = producer.flush(self.timeout_s)
+        if left or errors:
+            raise RuntimeError(f"produce failed: {errors[:1] or f'{left} undelivered'}")
+
+    def _read_all(self, consumer: Consumer, topic: str, expect: int) -> list[bytes]:
+        consumer.assign([TopicPartition(topic, 0, 0)])
+        got: list[bytes] = []
+        deadline = time.monotonic() + self.timeout_s / 2
+        while len(got) < expect and time.monotonic() < deadline:
+            for m in consumer.consume(expect - len(got), 0.2):
+                if m.error() is None:
+                    got.append(m.value() or b"")
+        return got
+
+    # -- probes ------------------------------------------------------------
+
+    def _idempotent(self) -> Probe:
+        topic = self._topic("idem")
+        p = self._producer(**{"enable.idempotence": True})
+        self._produce(p, topic, [b"a", b"b"])
+        return Probe(WORKS, "acks=all + enable.idempotence delivered")
+
+    def _high_watermark(self) -> Probe:
+        topic = self._topic("hwm")
+        p = self._producer(**{"linger.ms": 50})
+        self._produce(p, topic, [b"x%d" % i for i in range(10)])
+        c = self._consumer()
+        try:
+            _low, high = c.get_watermark_offsets(TopicPartition(topic, 0), timeout=self.timeout_s)
+        finally:
+            c.close()
+        if high == 10:
+            return Probe(WORKS, "high watermark 10 after 10 records")
+        return Probe(MISSING, f"high watermark {high} after 10 records in one batch (expected 10)")
+
+    def _offsets_for_times(self) -> Probe:
+        topic = self._topic("times")
+        base = int(time.time() * 1000) - 60_000
+        stamps = [base, base + 10_000, base + 20_000]
+        p = self._producer(**{"linger.ms": 0})
+        for v, ts in zip([b"a", b"b", b"c"], stamps, strict=True):
+            self._produce(p, topic, [v], [ts])
+        c = self._consumer()
+        try:
+            res = c.offsets_for_times([TopicPartition(topic, 0, base + 10_000)], timeout=self.timeout_s)
+        finally:
+            c.close()
+        got = res[0].offset
+        if got == 1:
+            return Probe(WORKS, "offset 1 for the second record's timestamp")
+        return Probe(MISSING, f"offsets_for_times gave offset {got}, expected 1")
+
+    def _transactions(self) -> Probe:
+        topic = self._topic("txn")
+        p = self._producer(**{"transactional.id": f"{self.prefix}-txn"})
+        p.init_transactions(self.timeout_s)
+        p.begin_transaction()
+        self._produce(p, topic, [b"t"])
+        p.commit_transaction(self.timeout_s)
+        return Probe(WORKS, "init/begin/commit transaction succeeded")
+
+    def _read_committed(self) -> Probe:
+        topic = self._topic("rc")
+        p = self._producer(**{"transactional.id": f"{self.prefix}-rc"})
+        p.init_transactions(self.timeout_s)
+        p.begin_transaction()
+        self._produce(p, topic, [b"aborted"])
+        p.abort_transaction(self.timeout_s)
+        p.begin_transaction()
+        self._produce(p, topic, [b"committed"])
+        p.commit_transaction(self.timeout_s)
+        c = self._consumer(**{"isolation.level": "read_committed"})
+        try:
+            got = self._read_all(c, topic, 2)
+        finally:
+            c.close()
+        if b"aborted" in got:
+            return Probe(MISSING, "a read_committed consumer saw an aborted record")
+        if b"committed" in got:
+            return Probe(WORKS, "aborted record hidden, committed one seen")
+        return Probe(UNKNOWN, "the committed record did not arrive in time")
+
+    def _retention(self) -> Probe:
+        wait_s = min(6.0, self.timeout_s)
+        topic = self._topic("ret", {"retention.ms": "1000", "segment.ms": "100", "segment.bytes": "1024"})
+        old = int(time.time() * 1000) - 3_600_000
+        p = self._producer(**{"linger.ms": 0})
+        self._produce(p, topic, [b"r" * 600 for _ in range(4)], [old] * 4)
+        c = self._consumer()
+        try:
+            deadline = time.monotonic() + wait_s
+            while time.monotonic() < deadline:
+                low, _high = c.get_watermark_offsets(TopicPartition(topic, 0), timeout=self.timeout_s)
+                if low > 0:
+                    return Probe(WORKS, f"low watermark moved to {low} under retention.ms=1000")
+                time.sleep(0.5)
+        finally:
+            c.close()
+        return Probe(
+            MISSING,
+            f"retention.ms=1000 deleted nothing within {wait_s:.0f}s (real Kafka checks every "
+            "log.retention.check.interval.ms, so this can be a false 'missing' there)",
+        )
+
+    def _delete_records(self) -> Probe:
+        topic = self._topic("del")
+        self._produce(self._producer(), topic, [b"d%d" % i for i in range(5)])
+        admin = AdminClient(self.cfg.kafka_client(**{"socket.timeout.ms": int(self.timeout_s * 1000)}))
+        futures = admin.delete_records(
+            [TopicPartition(topic, 0, 3)],
+            request_timeout=self.timeout_s,
+            operation_timeout=self.timeout_s,
+        )
+        for fut in futures.values():
+            fut.result(timeout=self.timeout_s)
+        c = self._consumer()
+        try:
+            low, _ = c.get_watermark_offsets(TopicPartition(topic, 0), timeout=self.timeout_s)
+        finally:
+            c.close()
+        if low == 3:
+            return Probe(WORKS, "low watermark 3 after DeleteRecords to 3")
+        return Probe(MISSING, f"DeleteRecords answered but low watermark is {low}, expected 3")
+
+    def _cleanup(self) -> None:
+        if not self.created:
+            return
+        try:
+            admin = AdminClient(self.cfg.kafka_client())
+            for fut in admin.delete_topics(self.created, operation_timeout=5).values():
+                fut.result(timeout=5)
+        except Exception:  # noqa: BLE001 - scratch topics may outlive a broker without DeleteTopics
+            pass
+
+
+def run(args: Any, cfg: KwalConfig) -> int:
+    try:
+        features = probe(cfg, timeout_s=float(getattr(args, "timeout", 10.0)), refresh=True)
+    except BrokerUnreachableError as e:
+        print(f"kwal doctor: {e}", file=sys.stderr)
+        return 1
+    if getattr(args, "json", False):
+        print(json.dumps(asdict(features), sort_keys=True))
+        return 0
+    print(f"Kafka at {features.bootstrap}")
+    print(f"{'feature':<22} {'status':<8} detail")
+    for name, result in features.items():
+        print(f"{name:<22} {result.status:<8} {result.detail}")
+    return 0

@@ -1,0 +1,162 @@
+"""`kwal up` / `kwal down` / `kwal status`: the embedded stack for local use.
+
+`up` starts the loopback S3 server (moto) and the broker (tansu) in the
+background and writes `<state_dir>/stack.json` with their PIDs and addresses;
+`down` stops exactly the PIDs that file names (after checking each is still
+the process `up` started, by its command line) and removes the file. While a
+stack is up, commands that were given no Kafka address or object store use the
+stack's (see `apply_stack`).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from infra.broker import start_broker
+from infra.config import KwalConfig, ObjectStoreConfig
+from infra.processes import ServerStartError, pid_alive, port_open, stop_pid
+from infra.s3server import ACCESS_KEY, SECRET_KEY, start_s3_server
+
+STATE_FILE = "stack.json"
+STACK_BUCKET = "kwal"
+
+
+@dataclass
+class StackState:
+    broker_pid: int
+    broker_address: str
+    broker_storage: str
+    s3_pid: int
+    s3_endpoint: str
+    log_dir: str
+
+    @property
+    def object_store(self) -> ObjectStoreConfig:
+        return ObjectStoreConfig(
+            url=f"s3://{STACK_BUCKET}/data",
+            endpoint_url=self.s3_endpoint,
+            access_key_id=ACCESS_KEY,
+            secret_access_key=SECRET_KEY,
+        )
+
+
+def state_path(cfg: KwalConfig) -> Path:
+    return Path(cfg.stack.state_dir) / STATE_FILE
+
+
+def read_state(cfg: KwalConfig) -> StackState | None:
+    path = state_path(cfg)
+    if not path.exists():
+        return None
+    try:
+        return StackState(**json.loads(path.read_text()))
+    except (ValueError, TypeError):
+        return None
+
+
+def apply_stack(cfg: KwalConfig, explicit_bootstrap: bool) -> KwalConfig:
+    """Point a config at the running stack unless it names a Kafka address itself."""
+    state = read_state(cfg)
+    if state is None or explicit_bootstrap:
+        return cfg
+    cfg = cfg.with_bootstrap(state.broker_address)
+    if cfg.objectstore.url == ObjectStoreConfig().url:
+        cfg.objectstore = state.object_store
+    return cfg
+
+
+def _pid_is_ours(pid: int, marker: str) -> bool:
+    """True when `pid` is alive and its command line contains `marker` (guards PID reuse)."""
+    if not pid_alive(pid):
+        return False
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return True  # no /proc: trust the PID
+    return marker in cmdline
+
+
+def start_stack(cfg: KwalConfig, storage: str = "memory") -> StackState:
+    state_dir = Path(cfg.stack.state_dir)
+    log_dir = state_dir / "logs"
+    s3 = start_s3_server(log_dir, timeout_s=cfg.stack.start_timeout_s)
+    endpoint = f"http://{s3.address}"
+    try:
+        broker_storage = "memory://tansu/"
+        if storage == "s3":
+            from infra.objectstore import S3Store
+
+            S3Store("tansu", "", ObjectStoreConfig(endpoint_url=endpoint, access_key_id=ACCESS_KEY,
+                                                    secret_access_key=SECRET_KEY)).ensure_bucket()
+            broker_storage = "s3://tansu/"
+        broker = start_broker(
+            log_dir,
+            storage=broker_storage,
+            s3_endpoint=endpoint,
+            s3_access_key=ACCESS_KEY,
+            s3_secret_key=SECRET_KEY,
+            timeout_s=cfg.stack.start_timeout_s,
+        )
+    except BaseException:
+        s3.stop()
+        raise
+    return StackState(broker.pid, broker.address, broker_storage, s3.pid, endpoint, str(log_dir))
+
+
+def stop_stack(state: StackState) -> list[str]:
+    stopped = []
+    for name, pid, marker in (
+        ("broker", state.broker_pid, "tansu"),
+        ("s3", state.s3_pid, "moto"),
+    ):
+        if _pid_is_ours(pid, marker):
+            stop_pid(pid)
+            stopped.append(f"{name} (pid {pid})")
+    return stopped
+
+
+def run_up(args: Any, cfg: KwalConfig) -> int:
+    existing = read_state(cfg)
+    if existing and _pid_is_ours(existing.broker_pid, "tansu"):
+        print(f"kwal: a stack is already up (broker {existing.broker_address}); `kwal down` first")
+        return 1
+    try:
+        state = start_stack(cfg, getattr(args, "broker_storage", "memory"))
+    except ServerStartError as e:
+        print(f"kwal up: {e}", file=sys.stderr)
+        return 1
+    path = state_path(cfg)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(asdict(state), indent=2))
+    print(f"broker  {state.broker_address}  (pid {state.broker_pid}, storage {state.broker_storage})")
+    print(f"s3      {state.s3_endpoint}  (pid {state.s3_pid})")
+    print(f"logs    {state.log_dir}")
+    print(f"export KWAL_BOOTSTRAP={state.broker_address}")
+    return 0
+
+
+def run_down(args: Any, cfg: KwalConfig) -> int:
+    state = read_state(cfg)
+    if state is None:
+        print(f"kwal: no stack is up (no state file at {state_path(cfg)})")
+        return 0
+    stopped = stop_stack(state)
+    state_path(cfg).unlink(missing_ok=True)
+    print("stopped " + (", ".join(stopped) if stopped else "nothing (processes were already gone)"))
+    return 0
+
+
+def run_status(args: Any, cfg: KwalConfig) -> int:
+    state = read_state(cfg)
+    if state is None:
+        print("no stack is up")
+        return 1
+    broker_up = _pid_is_ours(state.broker_pid, "tansu") and port_open(state.broker_address)
+    s3_up = _pid_is_ours(state.s3_pid, "moto") and port_open(state.s3_endpoint.removeprefix("http://"))
+    print(f"broker  {state.broker_address}  pid {state.broker_pid}  {'up' if broker_up else 'DOWN'}")
+    print(f"s3      {state.s3_endpoint}  pid {state.s3_pid}  {'up' if s3_up else 'DOWN'}")
+    return 0 if broker_up and s3_up else 1
