@@ -1,0 +1,251 @@
+"""A CN: follows the catalog topic and its tables' logtail topics, answers reads.
+
+Protocol (seed 001, "Push", adapted to Kafka topics):
+
+1. Assign the catalog topic first; tables become known from its Catalog
+   records (create/drop/alter), and a subscribed table's logtail topic is
+   added to the assignment when its create_table arrives.
+2. Apply every record idempotently (`TableState`), under one lock, and
+   notify waiters: the CN watermark may have moved.
+3. The watermark of a table is the highest commit or heartbeat ts applied
+   from its topic; the CN watermark is the minimum over the catalog topic and
+   the subscribed tables. A read at ts above it is refused: the CN cannot yet
+   tell "no change" from "not yet received".
+4. Positions are kept per topic, so a reconnect resumes where it stopped and
+   never resets the watermark.
+
+`apply(record)` is public so that any transport (Kafka here, Spark's
+foreachBatch, a test) can drive the same state.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable
+
+import pyarrow as pa
+from confluent_kafka import Consumer, KafkaError, TopicPartition
+
+from consumers.core.exceptions import AboveWatermarkError, NotSubscribedError, TableNotFoundError
+from consumers.core.table_state import TableState
+from infra.config import KwalConfig
+from infra.objectstore import ObjectStore
+from schemas.logtail import (
+    BlockMeta,
+    Catalog,
+    CatalogOp,
+    Changes,
+    Checkpoint,
+    Heartbeat,
+    LogtailRecord,
+    decode_logtail,
+)
+
+CATALOG = "__catalog__"
+
+
+class CNCore:
+    """State of a set of subscribed tables, fed by `apply`; transport-free."""
+
+    def __init__(self, tables: Iterable[str], load: Callable[[str], bytes] | None = None) -> None:
+        self.subscribed = {t for t in tables}
+        self._load = load or _no_store
+        self._lock = threading.Condition()
+        self.tables: dict[str, TableState] = {}
+        self.catalog_watermark = 0
+        self.last_checkpoint: tuple[int, str] | None = None
+        self.on_table_created: Callable[[str], None] = lambda _name: None
+
+    # -- applying --------------------------------------------------------
+
+    def _state(self, database: str, table: str) -> TableState:
+        key = f"{database}.{table}"
+        state = self.tables.get(key)
+        if state is None:
+            state = self.tables[key] = TableState(database, table)
+        return state
+
+    def apply(self, record: LogtailRecord) -> None:
+        with self._lock:
+            self._apply(record)
+            self._lock.notify_all()
+
+    def apply_many(self, records: Iterable[LogtailRecord]) -> None:
+        with self._lock:
+            for record in records:
+                self._apply(record)
+            self._lock.notify_all()
+
+    def _apply(self, record: LogtailRecord) -> None:
+        body = record.body
+        key = f"{record.database}.{record.table}"
+        if isinstance(body, Catalog):
+            self._apply_catalog(record, body)
+            return
+        if not record.table:  # the catalog topic's own heartbeat
+            self.catalog_watermark = max(self.catalog_watermark, record.commit_ts)
+            return
+        if key not in self.subscribed:
+            return
+        state = self._state(record.database, record.table)
+        match body:
+            case Changes():
+                state.apply_changes(record.lsn, record.commit_ts, body)
+            case Heartbeat():
+                state.advance(record.commit_ts)
+            case BlockMeta():
+                state.apply_block_meta(body)
+                state.advance(record.commit_ts)
+            case Checkpoint():
+                state.advance(record.commit_ts)
+                self.last_checkpoint = (record.commit_ts, body.manifest_key)
+
+    def _apply_catalog(self, record: LogtailRecord, body: Catalog) -> None:
+        self.catalog_watermark = max(self.catalog_watermark, record.commit_ts)
+        if body.op in (CatalogOp.CREATE_DATABASE, CatalogOp.DROP_DATABASE):
+            return  # the TN sends drop_table for every table of a dropped database
+        key = f"{record.database}.{record.table}"
+        if key not in self.subscribed:
+            return
+        state = self._state(record.database, record.table)
+        if body.op is CatalogOp.CREATE_TABLE:
+            if state.create_ts and state.create_ts != record.commit_ts and state.drop_ts:
+                # The table was dropped and created again under the same name: start afresh.
+                state = self.tables[key] = TableState(record.database, record.table)
+            if state.create_ts == record.commit_ts:
+                return  # re-delivered
+            state.create_ts = record.commit_ts
+            state.table_id = record.table_id
+            assert body.schema is not None, "create_table without a schema"
+            state.schemas.append((record.commit_ts, body.schema))
+            self.on_table_created(key)
+        elif body.op is CatalogOp.DROP_TABLE:
+            state.drop_ts = record.commit_ts
+        elif body.op is CatalogOp.ALTER_TABLE and body.schema is not None:
+            if all(ts != record.commit_ts for ts, _ in state.schemas):
+                state.schemas.append((record.commit_ts, body.schema))
+
+    # -- reading ---------------------------------------------------------
+
+    def watermark(self, table: str | None = None) -> int:
+        with self._lock:
+            return self._watermark(table)
+
+    def _watermark(self, table: str | None) -> int:
+        if table is not None:
+            if table not in self.subscribed:
+                raise NotSubscribedError(f"table {table} is not subscribed by this CN")
+            state = self.tables.get(table)
+            return min(self.catalog_watermark, state.watermark) if state else 0
+        marks = [self.catalog_watermark]
+        for name in self.subscribed:
+            state = self.tables.get(name)
+            # A table not created yet has nothing to wait for beyond the catalog.
+            if state is not None and state.create_ts:
+                marks.append(state.watermark)
+        return min(marks)
+
+    def snapshot(self, table: str, ts: int | None = None) -> pa.Table:
+        """The table as of `ts` (default: the table's watermark)."""
+        with self._lock:
+            mark = self._watermark(table)
+            ts = mark if ts is None else ts
+            if ts > mark:
+                raise AboveWatermarkError(
+                    f"{table} as of ts {ts} is not available: this CN has applied changes up to {mark}"
+                )
+            state = self.tables.get(table)
+            if state is None or not state.create_ts:
+                raise TableNotFoundError(f"table {table} does not exist at ts {ts}")
+            return state.snapshot(ts, self._load)
+
+    def wait_for(self, ts: int, table: str | None = None, timeout_s: float = 10.0) -> bool:
+        """Block until the watermark (of `table`, or the CN's) reaches ts; False on timeout."""
+        deadline = time.monotonic() + timeout_s
+        with self._lock:
+            while self._watermark(table) < ts:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._lock.wait(left)
+            return True
+
+
+def _no_store(key: str) -> bytes:
+    raise TableNotFoundError(f"block object {key} is needed but this CN has no object store")
+
+
+class CN(CNCore):
+    """A CN fed from Kafka: the catalog topic plus one logtail topic per subscribed table."""
+
+    def __init__(self, cfg: KwalConfig, tables: Iterable[str], store: ObjectStore | None = None) -> None:
+        super().__init__(tables, store.get if store is not None else None)
+        self.cfg = cfg
+        self.positions: dict[str, int] = {cfg.topics.catalog: 0}
+        self._topic_table: dict[str, str] = {}
+        self._pending_assign: list[str] = []
+        self._consumer: Consumer | None = None
+        self._thread: threading.Thread | None = None
+        self._stop = threading.Event()
+        self.errors: list[str] = []
+        self.on_table_created = self._follow
+
+    def _follow(self, table: str) -> None:
+        database, _, name = table.partition(".")
+        topic = self.cfg.topics.logtail(database, name)
+        if topic not in self._topic_table:
+            self._topic_table[topic] = table
+            self.positions.setdefault(topic, 0)
+            self._pending_assign.append(topic)
+
+    def start(self) -> CN:
+        self._consumer = Consumer(
+            self.cfg.kafka_client(
+                **{
+                    "group.id": f"{self.cfg.topics.prefix}.cn",
+                    "enable.auto.commit": False,
+                    "fetch.wait.max.ms": 50,
+                    "auto.offset.reset": "earliest",
+                }
+            )
+        )
+        self._consumer.assign([TopicPartition(t, 0, o) for t, o in self.positions.items()])
+        self._thread = threading.Thread(target=self._run, name="kwal-cn", daemon=True)
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        assert self._consumer is not None
+        while not self._stop.is_set():
+            messages = self._consumer.consume(500, 0.05)
+            records: list[tuple[str, int, LogtailRecord]] = []
+            for m in messages:
+                err = m.error()
+                if err is not None:
+                    if err.code() != KafkaError._PARTITION_EOF:
+                        self.errors.append(str(err))
+                    continue
+                try:
+                    records.append((m.topic() or "", m.offset() or 0, decode_logtail(m.value() or b"")))
+                except Exception as e:  # noqa: BLE001 - a bad record is reported, never applied
+                    self.errors.append(f"{m.topic()}@{m.offset()}: {e}")
+            if records:
+                with self._lock:
+                    for topic, offset, record in records:
+                        self._apply(record)
+                        self.positions[topic] = max(self.positions.get(topic, 0), offset + 1)
+                    self._lock.notify_all()
+            if self._pending_assign:
+                topics, self._pending_assign = self._pending_assign, []
+                self._consumer.incremental_assign(
+                    [TopicPartition(t, 0, self.positions.get(t, 0)) for t in topics]
+                )
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        if self._consumer is not None:
+            self._consumer.close()
+            self._consumer = None

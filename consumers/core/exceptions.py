@@ -1,0 +1,19 @@
+"""Errors a CN raises to its readers."""
+
+from __future__ import annotations
+
+
+class CNError(Exception):
+    """Base class of CN errors."""
+
+
+class TableNotFoundError(CNError, KeyError):
+    """The table is not subscribed, or does not exist at the asked ts."""
+
+
+class AboveWatermarkError(CNError):
+    """A read at a ts the CN has not caught up to: it would not be consistent."""
+
+
+class NotSubscribedError(TableNotFoundError):
+    """The CN was not asked to follow this table."""

@@ -1,0 +1,192 @@
+"""One table's state on a CN, rebuilt from its logtail (seed 001, Part 1).
+
+What is kept:
+- the schema history and the table's lifetime [create_ts, drop_ts) (from the
+  catalog topic);
+- in-memory rows: Arrow batches of inserts (`__row_id`, `__commit_ts`,
+  columns) and a map of in-memory deletes row_id -> delete ts;
+- object-storage blocks (from BlockMeta records): where their rows and
+  deletes are, and from which ts they may replace in-memory rows;
+- `blocks_with_memory_deletes`: the blocks that have deletes still in memory,
+  so a read of a flushed block checks memory only when it must (seed 001,
+  "更快读取");
+- the watermark: every change with commit ts <= watermark has been applied;
+- the last applied LSN: a data record at or below it is a duplicate.
+
+Applying is idempotent: a re-delivered Changes record (LSN <= last applied)
+is skipped, a BlockMeta for a known block replaces it with the same content,
+a heartbeat only moves the watermark forward.
+
+`snapshot(ts)` = (object blocks alive at ts + in-memory rows), rows with
+commit ts <= ts, minus rows deleted at or before ts, projected onto the schema
+at ts and sorted by primary key.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from consumers.core.exceptions import TableNotFoundError
+from schemas.arrow_ipc import ipc_to_table
+from schemas.logtail import COMMIT_TS, ROW_ID, BlockMeta, Changes, row_block
+from schemas.wal import ColumnType, TableSchema
+
+ARROW_TYPES: dict[ColumnType, pa.DataType] = {
+    ColumnType.INT64: pa.int64(),
+    ColumnType.FLOAT64: pa.float64(),
+    ColumnType.STRING: pa.string(),
+    ColumnType.BOOL: pa.bool_(),
+    ColumnType.BINARY: pa.binary(),
+    ColumnType.TIMESTAMP: pa.timestamp("us", tz="UTC"),
+}
+
+
+def arrow_schema(schema: TableSchema) -> pa.Schema:
+    return pa.schema([pa.field(c.name, ARROW_TYPES[c.type], c.nullable) for c in schema.columns])
+
+
+@dataclass
+class BlockObject:
+    meta: BlockMeta
+    rows: pa.Table | None = None  # loaded lazily
+    deletes: pa.Table | None = None
+
+
+@dataclass
+class TableState:
+    database: str
+    name: str
+    table_id: int = 0
+    schemas: list[tuple[int, TableSchema]] = field(default_factory=list)  # (from ts, schema)
+    create_ts: int = 0
+    drop_ts: int = 0  # 0 = alive
+    watermark: int = 0
+    last_lsn: int = 0
+    inserts: list[pa.Table] = field(default_factory=list)
+    deletes: dict[int, int] = field(default_factory=dict)  # row_id -> delete ts
+    blocks: dict[int, BlockObject] = field(default_factory=dict)
+    blocks_with_memory_deletes: set[int] = field(default_factory=set)
+    applied_changes: int = 0
+
+    # -- applying --------------------------------------------------------
+
+    def advance(self, ts: int) -> None:
+        self.watermark = max(self.watermark, ts)
+
+    def apply_changes(self, lsn: int, commit_ts: int, changes: Changes) -> bool:
+        """Apply one transaction's changes; False when it is a duplicate."""
+        if lsn and lsn <= self.last_lsn:
+            return False
+        if changes.inserts is not None:
+            batch = ipc_to_table(changes.inserts)
+            if batch.num_rows:
+                self.inserts.append(batch)
+        if changes.deletes is not None:
+            dels = ipc_to_table(changes.deletes)
+            for row_id, ts in zip(
+                dels.column(ROW_ID).to_pylist(), dels.column(COMMIT_TS).to_pylist(), strict=True
+            ):
+                self.deletes[row_id] = ts
+                self.blocks_with_memory_deletes.add(row_block(row_id))
+        self.last_lsn = max(self.last_lsn, lsn)
+        self.applied_changes += 1
+        self.advance(commit_ts)
+        return True
+
+    def apply_block_meta(self, meta: BlockMeta) -> None:
+        """A block is in object storage: drop its in-memory rows and deletes older than
+        `drop_before_ts` (later ones stay until the next flush, seed 001 "清理内存")."""
+        old = self.blocks.get(meta.block_id)
+        if old is not None and old.meta == meta:
+            return
+        self.blocks[meta.block_id] = BlockObject(meta)
+        cutoff = meta.drop_before_ts
+        kept: list[pa.Table] = []
+        for batch in self.inserts:
+            in_block = pc.equal(pc.shift_right(batch.column(ROW_ID), 16), meta.block_id)
+            old_rows = pc.and_(in_block, pc.less(batch.column(COMMIT_TS), cutoff))
+            if pc.any(old_rows).as_py():
+                batch = batch.filter(pc.invert(old_rows))
+            if batch.num_rows:
+                kept.append(batch)
+        self.inserts = kept
+        if meta.delta_loc and meta.block_id in self.blocks_with_memory_deletes:
+            stale = [r for r, ts in self.deletes.items() if row_block(r) == meta.block_id and ts < cutoff]
+            for r in stale:
+                del self.deletes[r]
+            if not any(row_block(r) == meta.block_id for r in self.deletes):
+                self.blocks_with_memory_deletes.discard(meta.block_id)
+
+    # -- reading ---------------------------------------------------------
+
+    def schema_at(self, ts: int) -> TableSchema:
+        current: TableSchema | None = None
+        for from_ts, schema in self.schemas:
+            if from_ts <= ts:
+                current = schema
+        if current is None:
+            raise TableNotFoundError(f"table {self.database}.{self.name} has no schema at ts {ts}")
+        return current
+
+    def alive_at(self, ts: int) -> bool:
+        return self.create_ts <= ts and (self.drop_ts == 0 or ts < self.drop_ts)
+
+    def snapshot(self, ts: int, load: Callable[[str], bytes]) -> pa.Table:
+        if not self.alive_at(ts):
+            raise TableNotFoundError(f"table {self.database}.{self.name} does not exist at ts {ts}")
+        schema = self.schema_at(ts)
+        target = arrow_schema(schema)
+        parts: list[pa.Table] = []
+        deleted: dict[int, int] = {r: t for r, t in self.deletes.items() if t <= ts}
+        for block in self.blocks.values():
+            meta = block.meta
+            if meta.create_ts > ts or (meta.delete_ts and meta.delete_ts <= ts):
+                continue
+            if block.rows is None:
+                block.rows = pq.read_table(io.BytesIO(load(meta.meta_loc)))
+            parts.append(block.rows)
+            if meta.delta_loc:
+                if block.deletes is None:
+                    block.deletes = pq.read_table(io.BytesIO(load(meta.delta_loc)))
+                d = block.deletes.filter(pc.less_equal(block.deletes.column(COMMIT_TS), ts))
+                for r, t in zip(d.column(ROW_ID).to_pylist(), d.column(COMMIT_TS).to_pylist(), strict=True):
+                    deleted.setdefault(r, t)
+        parts.extend(self.inserts)
+        rows = [_project(p.filter(pc.less_equal(p.column(COMMIT_TS), ts)), target) for p in parts]
+        table = pa.concat_tables(rows) if rows else target.empty_table().append_column(
+            ROW_ID, pa.array([], pa.int64())
+        )
+        if deleted:
+            mask = pc.invert(pc.is_in(table.column(ROW_ID), pa.array(list(deleted), pa.int64())))
+            table = table.filter(mask)
+        # The same row can be both in an object and (not yet dropped) in memory.
+        table = _unique_rows(table)
+        table = table.drop_columns([ROW_ID])
+        return table.sort_by([(schema.primary_key, "ascending")])
+
+
+def _project(batch: pa.Table, target: pa.Schema) -> pa.Table:
+    """The batch's rows with exactly `target`'s columns (+ row id); missing columns null."""
+    cols = [batch.column(ROW_ID)]
+    for f in target:
+        if f.name in batch.column_names:
+            cols.append(batch.column(f.name).cast(f.type))
+        else:
+            cols.append(pa.nulls(batch.num_rows, f.type))
+    return pa.table(cols, schema=pa.schema([pa.field(ROW_ID, pa.int64()), *target]))
+
+
+def _unique_rows(table: pa.Table) -> pa.Table:
+    if table.num_rows == 0:
+        return table
+    ids = table.column(ROW_ID)
+    if pc.count_distinct(ids).as_py() == table.num_rows:
+        return table
+    first = pc.index_in(pc.unique(ids), ids)
+    return table.take(first)

@@ -1,0 +1,189 @@
+"""Logtail records (seed 001; DESIGN.md "Logtail records") and their codec.
+
+One topic per table carries that table's records in commit (= LSN) order:
+
+- `Changes`: one transaction's inserts and deletes on the table. Inserts are
+  an Arrow batch with `__row_id`, `__commit_ts` and the table's columns;
+  deletes an Arrow batch with `__row_id`, `__commit_ts` and the primary key.
+- `Heartbeat`: every change with commit ts <= the record's ts has been sent.
+- `BlockMeta`: a block was dumped to object storage (rows and deletes as
+  Parquet); in-memory rows of that block committed before `drop_before_ts`
+  may be dropped by a CN.
+- `Checkpoint`: a manifest covering everything up to the record's ts exists.
+
+The catalog topic carries `Catalog` records (DDL) for every table.
+
+A row id names a row's physical place: `block_id << 16 | offset` (a block
+holds at most 8192 rows), unique within a table, the same on the TN, in
+the WAL, in the logtail and in object storage.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from schemas.codec import decode_record, encode_record
+from schemas.wal import ColumnDef, ColumnType, TableSchema
+
+LOGTAIL = "logtail"
+ROW_ID = "__row_id"
+COMMIT_TS = "__commit_ts"
+_OFFSET_BITS = 16
+
+
+def make_row_id(block_id: int, offset: int) -> int:
+    return (block_id << _OFFSET_BITS) | offset
+
+
+def row_block(row_id: int) -> int:
+    return row_id >> _OFFSET_BITS
+
+
+def row_offset(row_id: int) -> int:
+    return row_id & ((1 << _OFFSET_BITS) - 1)
+
+
+class CatalogOp(StrEnum):
+    CREATE_DATABASE = "create_database"
+    DROP_DATABASE = "drop_database"
+    CREATE_TABLE = "create_table"
+    DROP_TABLE = "drop_table"
+    ALTER_TABLE = "alter_table"
+
+
+@dataclass(frozen=True, slots=True)
+class Changes:
+    inserts: bytes | None = None  # Arrow IPC
+    deletes: bytes | None = None  # Arrow IPC
+
+
+@dataclass(frozen=True, slots=True)
+class Heartbeat:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class BlockMeta:
+    block_id: int
+    meta_loc: str
+    drop_before_ts: int
+    delta_loc: str = ""
+    create_ts: int = 0
+    delete_ts: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Checkpoint:
+    manifest_key: str
+
+
+@dataclass(frozen=True, slots=True)
+class Catalog:
+    op: CatalogOp
+    db_id: int = 0
+    schema: TableSchema | None = None
+
+
+Body = Changes | Heartbeat | BlockMeta | Checkpoint | Catalog
+
+
+@dataclass(frozen=True, slots=True)
+class LogtailRecord:
+    database: str
+    table: str
+    commit_ts: int
+    body: Body
+    table_id: int = 0
+    lsn: int = 0
+
+
+_NS = "kwal.logtail."
+
+
+def _schema_out(s: TableSchema | None) -> dict[str, Any] | None:
+    if s is None:
+        return None
+    return {
+        "primary_key": s.primary_key,
+        "version": s.version,
+        "columns": [
+            {"column_id": c.column_id, "name": c.name, "type": c.type.value, "nullable": c.nullable}
+            for c in s.columns
+        ],
+    }
+
+
+def _schema_in(s: dict[str, Any] | None) -> TableSchema | None:
+    if s is None:
+        return None
+    cols = tuple(
+        ColumnDef(c["column_id"], c["name"], ColumnType(c["type"]), c["nullable"]) for c in s["columns"]
+    )
+    return TableSchema(cols, s["primary_key"], s["version"])
+
+
+def _body_out(body: Body) -> tuple[str, dict[str, Any]]:
+    match body:
+        case Changes():
+            return _NS + "Changes", {"inserts": body.inserts, "deletes": body.deletes}
+        case Heartbeat():
+            return _NS + "Heartbeat", {}
+        case BlockMeta():
+            return _NS + "BlockMeta", {
+                "block_id": body.block_id,
+                "meta_loc": body.meta_loc,
+                "delta_loc": body.delta_loc,
+                "drop_before_ts": body.drop_before_ts,
+                "create_ts": body.create_ts,
+                "delete_ts": body.delete_ts,
+            }
+        case Checkpoint():
+            return _NS + "Checkpoint", {"manifest_key": body.manifest_key}
+        case Catalog():
+            return _NS + "Catalog", {
+                "op": body.op.value,
+                "db_id": body.db_id,
+                "schema": _schema_out(body.schema),
+            }
+    raise TypeError(f"not a logtail body: {body!r}")
+
+
+def _body_in(name: str, d: dict[str, Any]) -> Body:
+    kind = name.removeprefix(_NS)
+    if kind == "Changes":
+        return Changes(d["inserts"], d["deletes"])
+    if kind == "Heartbeat":
+        return Heartbeat()
+    if kind == "BlockMeta":
+        return BlockMeta(
+            d["block_id"], d["meta_loc"], d["drop_before_ts"], d["delta_loc"], d["create_ts"], d["delete_ts"]
+        )
+    if kind == "Checkpoint":
+        return Checkpoint(d["manifest_key"])
+    if kind == "Catalog":
+        return Catalog(CatalogOp(d["op"]), d["db_id"], _schema_in(d["schema"]))
+    raise ValueError(f"unknown logtail body type {name!r}")
+
+
+def encode_logtail(record: LogtailRecord) -> bytes:
+    return encode_record(
+        LOGTAIL,
+        {
+            "database": record.database,
+            "table": record.table,
+            "table_id": record.table_id,
+            "commit_ts": record.commit_ts,
+            "lsn": record.lsn,
+            "body": _body_out(record.body),
+        },
+    )
+
+
+def decode_logtail(data: bytes) -> LogtailRecord:
+    _, d = decode_record(data, expected=LOGTAIL)
+    name, body = d["body"]
+    return LogtailRecord(
+        d["database"], d["table"], d["commit_ts"], _body_in(name, body), d["table_id"], d["lsn"]
+    )
