@@ -57,6 +57,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     tn = sub.add_parser("tn", help="the transaction node").add_subparsers(dest="tn_command", required=True)
     _command(tn, "run", "tn.service.main:run", "run the TN: consume requests, commit, publish results")
+    cn = sub.add_parser("cn", help="compute nodes").add_subparsers(dest="cn_command", required=True)
+    tail = _command(cn, "tail", "consumers.core.commands:run_tail", "print a table's changes live")
+    tail.add_argument("--table", required=True, help="db.table")
+    tail.add_argument("--seconds", type=float, default=0, help="stop after this long (0 = never)")
+    tail.add_argument("--heartbeats", action="store_true", help="print heartbeats too")
+    query = _command(cn, "query", "consumers.core.commands:run_query", "print a table's snapshot")
+    query.add_argument("--table", required=True, help="db.table")
+    query.add_argument("--ts", type=int, default=0, help="as of this ts (default: the watermark)")
+    query.add_argument("--timeout", type=float, default=30.0, help="seconds to wait to catch up")
     return parser
 
 

@@ -1,0 +1,84 @@
+"""`kwal cn tail` and `kwal cn query`: a CN on the command line."""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any
+
+from confluent_kafka import Consumer, TopicPartition
+
+from consumers.core.cn import CN
+from consumers.core.exceptions import CNError
+from infra.config import KwalConfig
+from infra.objectstore import open_store
+from schemas.arrow_ipc import ipc_to_table
+from schemas.logtail import BlockMeta, Changes, Checkpoint, Heartbeat, LogtailRecord, decode_logtail
+
+
+def describe(record: LogtailRecord) -> list[str]:
+    """Human lines for one logtail record."""
+    head = f"ts={record.commit_ts} lsn={record.lsn}"
+    body = record.body
+    if isinstance(body, Changes):
+        lines = []
+        if body.inserts is not None:
+            for row in ipc_to_table(body.inserts).to_pylist():
+                lines.append(f"{head} insert {row}")
+        if body.deletes is not None:
+            for row in ipc_to_table(body.deletes).to_pylist():
+                lines.append(f"{head} delete {row}")
+        return lines
+    if isinstance(body, Heartbeat):
+        return [f"{head} heartbeat"]
+    if isinstance(body, BlockMeta):
+        return [f"{head} block {body.block_id} flushed to {body.meta_loc} (drop before {body.drop_before_ts})"]
+    if isinstance(body, Checkpoint):
+        return [f"{head} checkpoint {body.manifest_key}"]
+    return [f"{head} {body!r}"]
+
+
+def run_tail(args: Any, cfg: KwalConfig) -> int:
+    database, _, table = args.table.partition(".")
+    if not table:
+        print(f"kwal cn tail: --table must be db.table, got {args.table!r}", file=sys.stderr)
+        return 2
+    consumer = Consumer(cfg.kafka_client(**{"group.id": f"{cfg.topics.prefix}.tail",
+                                            "enable.auto.commit": False, "fetch.wait.max.ms": 50}))
+    consumer.assign([TopicPartition(cfg.topics.logtail(database, table), 0, 0)])
+    show_heartbeats = bool(getattr(args, "heartbeats", False))
+    deadline = time.monotonic() + args.seconds if args.seconds else None
+    try:
+        while deadline is None or time.monotonic() < deadline:
+            for m in consumer.consume(100, 0.2):
+                if m.error() is not None:
+                    continue
+                record = decode_logtail(m.value() or b"")
+                if isinstance(record.body, Heartbeat) and not show_heartbeats:
+                    continue
+                for line in describe(record):
+                    print(line, flush=True)
+    finally:
+        consumer.close()
+    return 0
+
+
+def run_query(args: Any, cfg: KwalConfig) -> int:
+    store = open_store(cfg.objectstore)
+    cn = CN(cfg, [args.table], store).start()
+    try:
+        ts = args.ts
+        if not cn.wait_for(ts or 1, args.table, timeout_s=args.timeout):
+            print(f"kwal cn query: {args.table} did not reach ts {ts} within {args.timeout}s "
+                  f"(watermark {cn.watermark(args.table)})", file=sys.stderr)
+            return 1
+        snap = cn.snapshot(args.table, ts)
+    except CNError as e:
+        print(f"kwal cn query: {e}", file=sys.stderr)
+        return 1
+    finally:
+        cn.close()
+    for row in snap.to_pylist():
+        print(row)
+    print(f"({snap.num_rows} rows as of ts {ts if ts else cn.watermark(args.table)})", file=sys.stderr)
+    return 0
