@@ -1,0 +1,418 @@
+"""A Structured Streaming (and batch) source over Kafka, built on PySpark's Python Data
+Source API with confluent-kafka inside; yields raw Kafka records.
+
+    from consumers.spark.source import register, kafka_stream
+    register(spark)                                   # once per session
+    df = (spark.readStream.format("kwal-kafka")
+          .option("bootstrap", "127.0.0.1:9092").option("topics", "a,b")
+          .option("maxRecordsPerTrigger", 10000).load())
+    df = kafka_stream(spark, "127.0.0.1:9092", ["a", "b"])   # or the built-in source
+
+Options (names are case-insensitive):
+
+| option | default | meaning |
+|---|---|---|
+| `bootstrap` | (required) | `bootstrap.servers`; `kafka.bootstrap.servers` also works |
+| `kafka.<property>` | | passed to confluent-kafka untouched (SASL, TLS, `fetch.wait.max.ms`, ...) |
+| `topics` | (required) | comma-separated topic names (`subscribe` is an alias) |
+| `startingOffsets` | stream `latest`, batch `earliest` | `earliest`, `latest` or JSON `{"t": {"0": 23, "1": -2}}` (-2 earliest, -1 latest) |
+| `endingOffsets` | `latest` | batch reads only; same forms |
+| `maxRecordsPerTrigger` | none | at most this many records per micro-batch (alias `maxOffsetsPerTrigger`) |
+| `maxRecordsPerPartition` | 200000 | split an offset range into Spark partitions of at most this many offsets |
+| `pollTimeoutMs` | 10000 | bound of every wait: metadata, watermarks, and "no progress" while reading a range |
+| `probeTimeoutMs` | 1000 | bound of one micro-batch's search for the real end of partitions (see `kafka_io`) |
+| `failOnDataLoss` | true | fail when records of a planned range were deleted; false skips them |
+
+Schema (the built-in Kafka source's, with `includeHeaders=true`):
+`key binary, value binary, topic string, partition int, offset long, timestamp timestamp,
+timestampType int, headers array<struct<key: string, value: binary>>`.
+
+Offsets are ``{topic: {"<partition>": next_offset}}`` (see `consumers.spark.offsets`).
+Partitions added to a topic while the query runs are read from their beginning.
+
+Python workers must import this module (it is part of the installed `kwal` package) and
+run the interpreter that has pyarrow and confluent-kafka: set `PYSPARK_PYTHON` to it
+before the session starts (`worker_python_env()` does so for the current interpreter).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
+    InputPartition,
+)
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
+from pyspark.sql.types import (
+    ArrayType,
+    BinaryType,
+    IntegerType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
+
+from consumers.spark.kafka_io import EndFinder, KafkaSourceError, read_range
+from consumers.spark.offsets import (
+    OffsetRange,
+    OffsetSpec,
+    TopicPartitionKey,
+    cap_by_limit,
+    from_offset_dict,
+    parse_offset_spec,
+    parse_topics,
+    split_ranges,
+    to_offset_dict,
+)
+
+log = logging.getLogger(__name__)
+
+SOURCE_NAME = "kwal-kafka"
+BUILTIN_PROVIDER_CLASS = "org.apache.spark.sql.kafka010.KafkaSourceProvider"
+
+HEADER_TYPE = StructType(
+    [StructField("key", StringType(), True), StructField("value", BinaryType(), True)]
+)
+SOURCE_SCHEMA = StructType(
+    [
+        StructField("key", BinaryType(), True),
+        StructField("value", BinaryType(), True),
+        StructField("topic", StringType(), True),
+        StructField("partition", IntegerType(), True),
+        StructField("offset", LongType(), True),
+        StructField("timestamp", TimestampType(), True),
+        StructField("timestampType", IntegerType(), True),
+        StructField("headers", ArrayType(HEADER_TYPE, True), True),
+    ]
+)
+
+
+@dataclass(frozen=True)
+class SourceOptions:
+    kafka: dict[str, str]
+    topics: list[str]
+    starting: OffsetSpec
+    ending: OffsetSpec
+    max_records_per_trigger: int | None
+    max_records_per_partition: int
+    poll_timeout_s: float
+    probe_timeout_s: float
+    fail_on_data_loss: bool
+
+    @classmethod
+    def parse(cls, options: Mapping[str, str], streaming: bool) -> SourceOptions:
+        opts = {str(k).lower(): str(v) for k, v in options.items()}
+        kafka = {k[len("kafka.") :]: v for k, v in opts.items() if k.startswith("kafka.")}
+        if "bootstrap" in opts:
+            kafka["bootstrap.servers"] = opts["bootstrap"]
+        if not kafka.get("bootstrap.servers"):
+            raise KafkaSourceError(f"{SOURCE_NAME}: the 'bootstrap' option is required")
+        topics = parse_topics(opts.get("topics") or opts.get("subscribe"))
+        if not topics:
+            raise KafkaSourceError(f"{SOURCE_NAME}: the 'topics' option (comma list) is required")
+        limit_text = opts.get("maxrecordspertrigger") or opts.get("maxoffsetspertrigger")
+        limit = _positive_int(limit_text, "maxRecordsPerTrigger") if limit_text else None
+        return cls(
+            kafka=kafka,
+            topics=topics,
+            starting=parse_offset_spec(
+                opts.get("startingoffsets"), "latest" if streaming else "earliest"
+            ),
+            ending=parse_offset_spec(opts.get("endingoffsets"), "latest"),
+            max_records_per_trigger=limit,
+            max_records_per_partition=_positive_int(
+                opts.get("maxrecordsperpartition", "200000"), "maxRecordsPerPartition"
+            ),
+            poll_timeout_s=_positive_int(opts.get("polltimeoutms", "10000"), "pollTimeoutMs")
+            / 1000.0,
+            probe_timeout_s=_positive_int(opts.get("probetimeoutms", "1000"), "probeTimeoutMs")
+            / 1000.0,
+            fail_on_data_loss=opts.get("failondataloss", "true").lower() != "false",
+        )
+
+
+def _positive_int(text: str, name: str) -> int:
+    try:
+        value = int(text)
+    except ValueError as e:
+        raise KafkaSourceError(f"{SOURCE_NAME}: {name} must be an integer, got {text!r}") from e
+    if value <= 0:
+        raise KafkaSourceError(f"{SOURCE_NAME}: {name} must be positive, got {value}")
+    return value
+
+
+class KafkaInputPartition(InputPartition):
+    """One offset range of one topic-partition: one Spark task."""
+
+    def __init__(self, rng: OffsetRange) -> None:
+        super().__init__(rng)
+        self.rng = rng
+
+
+class _ReaderBase:
+    """Shared by the stream and batch readers. Pickled to executors: Kafka clients are
+    created lazily and never pickled."""
+
+    def __init__(self, options: SourceOptions, schema: StructType) -> None:
+        self.options = options
+        self.schema = schema
+        self._finder: EndFinder | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_finder"] = None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+
+    def _end_finder(self) -> EndFinder:
+        if self._finder is None:
+            self._finder = EndFinder(
+                self.options.kafka, self.options.poll_timeout_s, self.options.probe_timeout_s
+            )
+        return self._finder
+
+    def _close_finder(self) -> None:
+        if self._finder is not None:
+            self._finder.close()
+            self._finder = None
+
+    def _ranges(
+        self, start: Mapping[TopicPartitionKey, int], end: Mapping[TopicPartitionKey, int]
+    ) -> list[KafkaInputPartition]:
+        return [
+            KafkaInputPartition(r)
+            for r in split_ranges(start, end, self.options.max_records_per_partition)
+        ]
+
+    def _read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        from pyspark.sql.pandas.types import to_arrow_schema
+
+        if not isinstance(partition, KafkaInputPartition):
+            raise KafkaSourceError(f"unexpected partition {partition!r}")
+        arrow_schema = to_arrow_schema(self.schema, timezone="UTC")
+        yield from read_range(
+            self.options.kafka,
+            partition.rng,
+            arrow_schema,
+            self.options.poll_timeout_s,
+            fail_on_data_loss=self.options.fail_on_data_loss,
+        )
+
+
+class KwalKafkaStreamReader(_ReaderBase, DataSourceStreamReader, SupportsTriggerAvailableNow):
+    def __init__(self, options: SourceOptions, schema: StructType) -> None:
+        super().__init__(options, schema)
+        self._target: dict[TopicPartitionKey, int] | None = None
+        self._last_available: dict[TopicPartitionKey, int] | None = None
+
+    def initialOffset(self) -> dict:
+        finder = self._end_finder()
+        keys = finder.partitions(self.options.topics)
+        wm = finder.watermarks(keys)
+        needs_end = any(
+            self.options.starting.explicit.get(k, self.options.starting.default) == -1 for k in keys
+        )
+        ends = (
+            finder.ends(keys, wm, probe_s=self.options.poll_timeout_s)
+            if needs_end
+            else {k: h for k, (_l, h) in wm.items()}
+        )
+        start = {k: self.options.starting.resolve(k, wm[k][0], ends[k]) for k in keys}
+        return to_offset_dict(start)
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        n = self.options.max_records_per_trigger
+        return ReadMaxRows(n) if n else ReadAllAvailable()
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        finder = self._end_finder()
+        keys = finder.partitions(self.options.topics)
+        # the target is the end of what exists now: take the time to find it exactly
+        self._target = finder.ends(keys, probe_s=self.options.poll_timeout_s)
+
+    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        finder = self._end_finder()
+        begin = from_offset_dict(start)
+        keys = sorted(set(finder.partitions(self.options.topics)) | set(begin))
+        live = [k for k in keys if k[0] in self.options.topics]
+        wm = finder.watermarks(live)
+        max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
+        lower = finder.lower_bounds(wm)
+        if max_rows is not None and _backlog(begin, lower) >= max_rows:
+            available = lower  # enough known records: no need to find the real end
+        else:
+            available = finder.ends(live, wm)
+        for k in keys:
+            have = begin.get(k, 0)
+            value = available.get(k, have)
+            if self._target is not None:
+                value = min(value, self._target.get(k, have))
+            available[k] = max(value, have) if k in begin else max(value, 0)
+        self._last_available = dict(available)
+        return to_offset_dict(cap_by_limit(begin, available, max_rows))
+
+    def reportLatestOffset(self) -> dict | None:
+        return to_offset_dict(self._last_available) if self._last_available else None
+
+    def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
+        return self._ranges(from_offset_dict(start), from_offset_dict(end))
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        return self._read(partition)
+
+    def commit(self, end: dict) -> None:
+        pass
+
+    def stop(self) -> None:
+        self._close_finder()
+
+
+class KwalKafkaBatchReader(_ReaderBase, DataSourceReader):
+    def partitions(self) -> Sequence[InputPartition]:
+        finder = self._end_finder()
+        try:
+            keys = finder.partitions(self.options.topics)
+            wm = finder.watermarks(keys)
+            ends = finder.ends(keys, wm, probe_s=self.options.poll_timeout_s)
+            start = {k: self.options.starting.resolve(k, wm[k][0], ends[k]) for k in keys}
+            end = {k: min(self.options.ending.resolve(k, wm[k][0], ends[k]), ends[k]) for k in keys}
+            end = {k: max(end[k], start[k]) for k in keys}
+            return self._ranges(start, end)
+        finally:
+            self._close_finder()
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        return self._read(partition)
+
+
+def _backlog(begin: Mapping[TopicPartitionKey, int], ends: Mapping[TopicPartitionKey, int]) -> int:
+    return sum(max(0, e - begin.get(k, 0)) for k, e in ends.items())
+
+
+class KwalKafkaDataSource(DataSource):
+    """`format("kwal-kafka")`: raw Kafka records, streaming or batch."""
+
+    @classmethod
+    def name(cls) -> str:
+        return SOURCE_NAME
+
+    def schema(self) -> StructType:
+        return SOURCE_SCHEMA
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        return KwalKafkaStreamReader(SourceOptions.parse(self.options, streaming=True), schema)
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        return KwalKafkaBatchReader(SourceOptions.parse(self.options, streaming=False), schema)
+
+
+def worker_python_env() -> None:
+    """Make Spark's Python workers run this interpreter (call before the session starts)."""
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+
+
+def register(spark: Any) -> None:
+    """Register `format("kwal-kafka")` on this session (idempotent)."""
+    try:
+        manager = spark._jsparkSession.sessionState().dataSourceManager()
+        if manager.dataSourceExists(SOURCE_NAME):
+            return
+    except Exception:  # Spark Connect or an internal API change: registering again is harmless
+        pass
+    spark.dataSource.register(KwalKafkaDataSource)
+
+
+def builtin_kafka_available(spark: Any) -> bool:
+    """True when the built-in Kafka source's jars are on the driver's classpath."""
+    try:
+        jvm = spark.sparkContext._jvm
+    except Exception:  # Spark Connect: no JVM handle
+        return False
+    if jvm is None:
+        return False
+    try:
+        return bool(jvm.org.apache.spark.util.Utils.classIsLoadable(BUILTIN_PROVIDER_CLASS))
+    except Exception:
+        pass
+    try:
+        loader = jvm.java.lang.Thread.currentThread().getContextClassLoader()
+        jvm.java.lang.Class.forName(BUILTIN_PROVIDER_CLASS, False, loader)
+        return True
+    except Exception:
+        return False
+
+
+_BUILTIN_RENAMES = {
+    "maxrecordspertrigger": "maxOffsetsPerTrigger",
+    "polltimeoutms": "kafkaConsumer.pollTimeoutMs",
+}
+_KWAL_ONLY = {"maxrecordsperpartition", "probetimeoutms"}
+
+
+def kafka_stream(
+    spark: Any,
+    bootstrap: str,
+    topics: str | Sequence[str],
+    use_builtin: bool | None = None,
+    **options: Any,
+) -> Any:
+    """A streaming DataFrame of raw Kafka records (same columns either way).
+
+    `use_builtin=True` asks for the built-in `format("kafka")`; None reads the request from
+    the environment (`KWAL_SPARK_BUILTIN_KAFKA=1`). It is used only when its jars are on the
+    classpath, else this module's source is (with a warning). Note: the built-in source
+    trusts the broker's high watermark, so on the embedded broker it can hold back the last
+    batch of each partition until more is written; this source does not."""
+    topic_list = parse_topics(topics)
+    if use_builtin is None:
+        use_builtin = os.environ.get("KWAL_SPARK_BUILTIN_KAFKA", "") in ("1", "true", "yes")
+    if use_builtin and not builtin_kafka_available(spark):
+        log.warning(
+            "built-in Kafka source requested but %s is not on the classpath "
+            "(spark.jars.packages=org.apache.spark:spark-sql-kafka-0-10_2.13:<spark version>); "
+            "using %s",
+            BUILTIN_PROVIDER_CLASS,
+            SOURCE_NAME,
+        )
+        use_builtin = False
+    reader = spark.readStream
+    if use_builtin:
+        reader = (
+            reader.format("kafka")
+            .option("kafka.bootstrap.servers", bootstrap)
+            .option("subscribe", ",".join(topic_list))
+            .option("includeHeaders", "true")
+        )
+        for key, value in options.items():
+            if key.lower() in _KWAL_ONLY:
+                continue
+            reader = reader.option(_BUILTIN_RENAMES.get(key.lower(), key), str(value))
+        return reader.load()
+    register(spark)
+    reader = (
+        reader.format(SOURCE_NAME)
+        .option("bootstrap", bootstrap)
+        .option("topics", ",".join(topic_list))
+    )
+    for key, value in options.items():
+        reader = reader.option(key, str(value))
+    return reader.load()
