@@ -1,0 +1,83 @@
+"""Catalog tree nodes: database -> table -> segment -> block, each with create@/delete@.
+
+MVCC: a node is alive at ts iff ``create_ts <= ts < delete_ts``. A node created
+by a transaction that has not committed has ``create_ts == MAX_TS`` (invisible
+to every reader); a live node has ``delete_ts == MAX_TS``. In the WAL a live
+node's delete@ is written as 0.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from schemas.wal import CatalogKind, TableSchema
+
+if TYPE_CHECKING:
+    from tn.memtable.block import MemBlock
+    from tn.memtable.table import TableData
+
+MAX_TS = (1 << 63) - 1  # "uncommitted" create@ / row commit ts, and "never" delete@
+ABORTED_TS = MAX_TS - 1  # commit ts of rows whose transaction aborted (never visible)
+
+
+class Node:
+    __slots__ = ("id", "kind", "name", "create_ts", "delete_ts")
+
+    def __init__(self, node_id: int, kind: CatalogKind, name: str = "") -> None:
+        self.id = node_id
+        self.kind = kind
+        self.name = name
+        self.create_ts = MAX_TS
+        self.delete_ts = MAX_TS
+
+    def alive(self, ts: int) -> bool:
+        return self.create_ts <= ts < self.delete_ts
+
+    @property
+    def committed(self) -> bool:
+        return self.create_ts != MAX_TS
+
+
+class DatabaseNode(Node):
+    __slots__ = ("tables", "name_ts", "child_ts")
+
+    def __init__(self, node_id: int, name: str) -> None:
+        super().__init__(node_id, CatalogKind.DATABASE, name)
+        self.tables: dict[str, list[TableNode]] = {}  # name -> every version, oldest first
+        self.name_ts: dict[str, int] = {}  # table name -> commit ts of the last DDL on that name
+        self.child_ts = 0  # commit ts of the last create/drop of a table in this database
+
+
+class TableNode(Node):
+    __slots__ = ("db", "schemas", "ddl_ts", "mem")
+
+    def __init__(self, node_id: int, db: DatabaseNode, name: str, mem: TableData) -> None:
+        super().__init__(node_id, CatalogKind.TABLE, name)
+        self.db = db
+        self.schemas: list[tuple[int, TableSchema]] = []  # (commit ts, schema), oldest first
+        self.ddl_ts = 0  # commit ts of the last create/alter/drop of this table
+        self.mem = mem
+
+    def schema_at(self, ts: int) -> TableSchema | None:
+        for t, s in reversed(self.schemas):
+            if t <= ts:
+                return s
+        return None
+
+
+class SegmentNode(Node):
+    __slots__ = ("table", "blocks")
+
+    def __init__(self, node_id: int, table: TableNode) -> None:
+        super().__init__(node_id, CatalogKind.SEGMENT)
+        self.table = table
+        self.blocks: list[BlockNode] = []
+
+
+class BlockNode(Node):
+    __slots__ = ("segment", "mem")
+
+    def __init__(self, node_id: int, segment: SegmentNode, mem: MemBlock) -> None:
+        super().__init__(node_id, CatalogKind.BLOCK)
+        self.segment = segment
+        self.mem = mem

@@ -1,0 +1,164 @@
+"""Collect a committed transaction's logtail from its WAL entry (seed 001, "收集").
+
+The WAL entry already holds everything physical: the appended rows (Arrow
+batch + where each slice landed) and the deleted row numbers per block. The
+collector adds what a CN needs and the entry does not carry:
+
+1. names: table id -> (database, table) from the catalog;
+2. row ids: `block_id << 16 | offset` for every appended row;
+3. primary keys of deleted rows, read from the memtable block they live in
+   (the rows are still there: deletes only set a delete ts).
+
+It returns one `Changes` record per (transaction, table), so a CN applies a
+transaction on a table atomically and can drop a re-delivered one by LSN,
+and `Catalog` records for DDL (drop database becomes drop_table of each of
+its tables, so CNs need no database bookkeeping).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+
+from schemas.arrow_ipc import ARROW_TYPES, ipc_to_table, table_to_ipc
+from schemas.logtail import (
+    COMMIT_TS,
+    ROW_ID,
+    Catalog,
+    CatalogOp,
+    Changes,
+    LogtailRecord,
+    make_row_id,
+)
+from schemas.wal import Append, CatalogKind, Delete, TableSchema, UpdateCatalog, WalEntry
+
+
+@dataclass(frozen=True)
+class TableInfo:
+    database: str
+    table: str
+    schema: TableSchema
+
+
+class CatalogView:
+    """What the collector asks of the TN's catalog (an interface, so tests can feed it)."""
+
+    def table(self, table_id: int, ts: int) -> TableInfo:
+        raise NotImplementedError
+
+    def database_name(self, db_id: int) -> str:
+        raise NotImplementedError
+
+    def tables_of(self, db_id: int, ts: int) -> list[tuple[int, str]]:
+        """(table id, name) of the tables alive in the database just before ts."""
+        raise NotImplementedError
+
+    def primary_keys(self, block_id: int, rows: tuple[int, ...], table: TableInfo) -> list[object]:
+        raise NotImplementedError
+
+
+@dataclass
+class _TableChanges:
+    info: TableInfo
+    table_id: int
+    inserts: list[pa.Table] = field(default_factory=list)
+    delete_ids: list[int] = field(default_factory=list)
+    delete_keys: list[object] = field(default_factory=list)
+
+
+def collect(entry: WalEntry, view: CatalogView) -> tuple[list[LogtailRecord], list[LogtailRecord]]:
+    """(catalog records, table records) of one committed entry, in command order."""
+    cts, lsn = entry.txn.commit_ts, entry.lsn
+    catalog: list[LogtailRecord] = []
+    tables: dict[int, _TableChanges] = {}
+
+    def changes_of(table_id: int) -> _TableChanges:
+        tc = tables.get(table_id)
+        if tc is None:
+            tc = tables[table_id] = _TableChanges(view.table(table_id, cts), table_id)
+        return tc
+
+    for cmd in entry.commands:
+        if isinstance(cmd, UpdateCatalog):
+            catalog.extend(_catalog_records(cmd, cts, lsn, view))
+        elif isinstance(cmd, Append):
+            batch = ipc_to_table(cmd.batch)
+            for info in cmd.infos:
+                part = batch.slice(info.src_offset, info.src_length)
+                block = info.dest.block_id
+                ids = pa.array(
+                    [make_row_id(block, info.dest_offset + i) for i in range(info.dest_length)],
+                    pa.int64(),
+                )
+                part = part.add_column(0, COMMIT_TS, pa.array([cts] * part.num_rows, pa.int64()))
+                changes_of(info.dest.table_id).inserts.append(part.add_column(0, ROW_ID, ids))
+        elif isinstance(cmd, Delete):
+            tc = changes_of(cmd.dest.table_id)
+            tc.delete_ids.extend(make_row_id(cmd.dest.block_id, r) for r in cmd.rows)
+            tc.delete_keys.extend(view.primary_keys(cmd.dest.block_id, cmd.rows, tc.info))
+    records = [_changes_record(tc, cts, lsn) for tc in tables.values()]
+    return catalog, records
+
+
+def _changes_record(tc: _TableChanges, cts: int, lsn: int) -> LogtailRecord:
+    inserts = deletes = None
+    if tc.inserts:
+        inserts = table_to_ipc(pa.concat_tables(tc.inserts, promote_options="default"))
+    if tc.delete_ids:
+        pk = tc.info.schema.primary_key
+        pk_type = ARROW_TYPES[tc.info.schema.column(pk).type]
+        deletes = table_to_ipc(
+            pa.table(
+                {
+                    ROW_ID: pa.array(tc.delete_ids, pa.int64()),
+                    COMMIT_TS: pa.array([cts] * len(tc.delete_ids), pa.int64()),
+                    pk: pa.array(tc.delete_keys, pk_type),
+                }
+            )
+        )
+    return LogtailRecord(
+        tc.info.database, tc.info.table, cts, Changes(inserts, deletes), tc.table_id, lsn
+    )
+
+
+def _catalog_records(
+    cmd: UpdateCatalog, cts: int, lsn: int, view: CatalogView
+) -> list[LogtailRecord]:
+    node = cmd.node
+    if cmd.kind is CatalogKind.DATABASE:
+        if node.delete_ts:
+            dropped = view.tables_of(cmd.dest.db_id, cts)
+            return [
+                LogtailRecord(
+                    node.name, name, cts, Catalog(CatalogOp.DROP_TABLE, cmd.dest.db_id), tid, lsn
+                )
+                for tid, name in dropped
+            ] + [
+                LogtailRecord(
+                    node.name, "", cts, Catalog(CatalogOp.DROP_DATABASE, cmd.dest.db_id), 0, lsn
+                )
+            ]
+        return [
+            LogtailRecord(
+                node.name, "", cts, Catalog(CatalogOp.CREATE_DATABASE, cmd.dest.db_id), 0, lsn
+            )
+        ]
+    if cmd.kind is not CatalogKind.TABLE:
+        return []  # segments/blocks: physical layout, not a CN's business until flushed
+    database = view.database_name(cmd.dest.db_id)
+    if node.delete_ts:
+        op, schema = CatalogOp.DROP_TABLE, None
+    elif node.create_ts == cts:
+        op, schema = CatalogOp.CREATE_TABLE, node.schema
+    else:
+        op, schema = CatalogOp.ALTER_TABLE, node.schema
+    return [
+        LogtailRecord(
+            database, node.name, cts, Catalog(op, cmd.dest.db_id, schema), cmd.dest.table_id, lsn
+        )
+    ]
+
+
+CatalogViewFactory = Callable[[], CatalogView]

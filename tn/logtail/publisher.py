@@ -1,0 +1,192 @@
+"""Push the logtail to Kafka: one topic per table, DDL on the catalog topic (seed 001, "推送").
+
+1. The engine calls `on_commit(entry)` for each committed transaction, in LSN
+   order, and `on_heartbeat(ts)` for each heartbeat (an empty transaction that
+   only consumes a timestamp, ordered in the same commit queue). Both only
+   enqueue: the commit path never waits for Kafka.
+2. The publisher thread takes everything queued, collects the records of each
+   entry (concurrently with the next WAL writes), creates a table's topic when
+   its CREATE TABLE passes (before anything is produced to it), and produces
+   with one idempotent producer, so each topic holds its records in LSN order.
+3. A heartbeat at ts goes to the catalog topic and to every live table's
+   topic that got no record since the previous heartbeat: a CN then knows
+   that every change with commit ts <= ts was sent.
+4. Delivery failures are kept (`errors`) and reported by `flush`; the producer
+   retries by itself (idempotence keeps order and avoids duplicates).
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from typing import Any
+
+from confluent_kafka import KafkaError, Producer
+
+from infra.config import KwalConfig
+from infra.topics import ensure_topics, logtail_topic
+from schemas.logtail import Catalog, CatalogOp, Heartbeat, LogtailRecord, encode_logtail
+from schemas.wal import WalEntry
+from tn.logtail.collector import CatalogView, collect
+
+log = logging.getLogger(__name__)
+
+_STOP = object()
+
+
+class LogtailPublisher:
+    def __init__(
+        self, cfg: KwalConfig, view: CatalogView, live_tables: list[str] | None = None
+    ) -> None:
+        self.cfg = cfg
+        self.view = view
+        self._queue: queue.Queue[Any] = queue.Queue()
+        self._producer = Producer(
+            cfg.kafka_client(
+                **{
+                    "enable.idempotence": True,
+                    "acks": "all",
+                    "linger.ms": 2,
+                    "compression.type": "lz4",
+                }
+            )
+        )
+        self._live: set[str] = set(live_tables or [])
+        self._since_heartbeat: set[str] = set()
+        self._topics_ready: set[str] = set()
+        self.errors: list[str] = []
+        self.published_lsn = 0
+        self.published_ts = 0
+        self._thread = threading.Thread(target=self._run, name="kwal-logtail", daemon=True)
+        self._idle = threading.Event()
+        self._idle.set()
+        ensure_topics(cfg, [])  # fail early when Kafka is not reachable
+        for name in self._live:
+            self._ensure_table_topic(name)
+
+    # -- engine hooks (called on the commit path: enqueue only) -----------------
+
+    def on_commit(self, entry: WalEntry) -> None:
+        self._idle.clear()
+        self._queue.put(entry)
+
+    def on_heartbeat(self, ts: int) -> None:
+        self._idle.clear()
+        self._queue.put(ts)
+
+    # -- lifecycle ------------------------------------------------------------
+
+    def start(self) -> LogtailPublisher:
+        self._thread.start()
+        return self
+
+    def flush(self, timeout_s: float = 10.0) -> bool:
+        """Wait until everything queued so far is produced and acknowledged."""
+        deadline = time.monotonic() + timeout_s
+        while not (self._queue.empty() and self._idle.is_set()):
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.005)
+        return self._producer.flush(max(0.0, deadline - time.monotonic())) == 0
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        self._queue.put(_STOP)
+        self._thread.join(timeout=timeout_s)
+        self._producer.flush(timeout_s)
+
+    # -- the publisher thread ----------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            items = [item]
+            while True:  # take everything queued: one poll/flush cycle per group
+                try:
+                    items.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
+            published = False
+            for it in items:
+                if it is _STOP:
+                    self._producer.flush(10)
+                    return
+                try:
+                    if isinstance(it, int):
+                        self._heartbeat(it)
+                        published = False
+                    else:
+                        self._publish(it)
+                        published = True
+                except Exception as e:  # noqa: BLE001 - keep publishing; the error is reported
+                    log.exception("logtail publish failed")
+                    self.errors.append(f"{type(e).__name__}: {e}")
+            if published:
+                # Every DDL up to the last published commit is on the catalog topic: say so,
+                # so that a CN's watermark follows commits without waiting for a heartbeat.
+                self._produce(
+                    self.cfg.topics.catalog, LogtailRecord("", "", self.published_ts, Heartbeat())
+                )
+            self._producer.poll(0)
+            if self._queue.empty():
+                self._idle.set()
+
+    def _publish(self, entry: WalEntry) -> None:
+        catalog, tables = collect(entry, self.view)
+        for rec in catalog:
+            self._track_ddl(rec)
+            self._produce(self.cfg.topics.catalog, rec)
+        for rec in tables:
+            name = f"{rec.database}.{rec.table}"
+            self._since_heartbeat.add(name)
+            self._produce(self.cfg.topics.logtail(rec.database, rec.table), rec)
+        self.published_lsn = entry.lsn
+        self.published_ts = entry.txn.commit_ts
+
+    def _track_ddl(self, rec: LogtailRecord) -> None:
+        assert isinstance(rec.body, Catalog)
+        name = f"{rec.database}.{rec.table}"
+        if rec.body.op is CatalogOp.CREATE_TABLE:
+            self._ensure_table_topic(name)
+            self._live.add(name)
+        elif rec.body.op is CatalogOp.DROP_TABLE:
+            # The drop itself is on the catalog topic; a last heartbeat closes the table topic.
+            self._live.discard(name)
+            self._produce(
+                self.cfg.topics.logtail(rec.database, rec.table),
+                LogtailRecord(rec.database, rec.table, rec.commit_ts, Heartbeat(), rec.table_id),
+            )
+
+    def _ensure_table_topic(self, name: str) -> None:
+        database, _, table = name.partition(".")
+        spec = logtail_topic(self.cfg, database, table)
+        if spec.name not in self._topics_ready:
+            ensure_topics(self.cfg, [spec])
+            self._topics_ready.add(spec.name)
+
+    def _heartbeat(self, ts: int) -> None:
+        self._produce(self.cfg.topics.catalog, LogtailRecord("", "", ts, Heartbeat()))
+        for name in self._live:
+            if name in self._since_heartbeat:
+                continue
+            database, _, table = name.partition(".")
+            self._produce(
+                self.cfg.topics.logtail(database, table),
+                LogtailRecord(database, table, ts, Heartbeat()),
+            )
+        self._since_heartbeat.clear()
+        self.published_ts = max(self.published_ts, ts)
+
+    def _produce(self, topic: str, record: LogtailRecord) -> None:
+        value = encode_logtail(record)
+        while True:
+            try:
+                self._producer.produce(topic, value, on_delivery=self._delivered)
+                return
+            except BufferError:
+                self._producer.poll(0.05)
+
+    def _delivered(self, err: KafkaError | None, msg: Any) -> None:
+        if err is not None:
+            self.errors.append(f"{msg.topic()}: {err}")

@@ -1,0 +1,283 @@
+"""Turning user rows (an Arrow table or a list of dicts) into a validated batch."""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Sequence
+from typing import Any
+
+import pyarrow as pa
+
+from schemas.wal import ColumnDef, ColumnType, TableSchema
+from tn.exceptions import ValidationError
+
+ARROW_TYPES: dict[ColumnType, pa.DataType] = {
+    ColumnType.INT64: pa.int64(),
+    ColumnType.FLOAT64: pa.float64(),
+    ColumnType.STRING: pa.string(),
+    ColumnType.BOOL: pa.bool_(),
+    ColumnType.BINARY: pa.binary(),
+    ColumnType.TIMESTAMP: pa.timestamp("us", tz="UTC"),
+}
+
+_ARROW_ERRORS = (
+    pa.ArrowInvalid,
+    pa.ArrowTypeError,
+    pa.ArrowNotImplementedError,
+    TypeError,
+    ValueError,
+    OverflowError,
+)
+
+# Keyed by id(): hashing a TableSchema (a tuple of dataclasses) on every call costs
+# more than the lookup; the entry holds the schema itself, so its id stays unique.
+_schema_cache: dict[int, tuple[TableSchema, pa.Schema]] = {}
+
+
+def arrow_schema(schema: TableSchema) -> pa.Schema:
+    e = _schema_cache.get(id(schema))
+    if e is None or e[0] is not schema:
+        s = pa.schema([pa.field(c.name, ARROW_TYPES[c.type]) for c in schema.columns])
+        if len(_schema_cache) > 4096:
+            _schema_cache.clear()
+        _schema_cache[id(schema)] = (schema, s)
+        return s
+    return e[1]
+
+
+def column_type(value: Any) -> ColumnType:
+    raw = getattr(value, "value", value)
+    try:
+        return ColumnType(raw)
+    except ValueError:
+        raise ValidationError("bad_column", f"unknown column type {raw!r}") from None
+
+
+_INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
+
+
+def _fast_ok(t: ColumnType, values: list[Any], nullable: bool) -> bool:
+    """Whether `values` are already canonical Python values of type t (no conversion needed)."""
+    if t is ColumnType.INT64:
+        for v in values:
+            if v is None:
+                if not nullable:
+                    return False
+            elif type(v) is not int or not _INT64_MIN <= v <= _INT64_MAX:
+                return False
+    elif t is ColumnType.STRING:
+        for v in values:
+            if type(v) is not str and (v is not None or not nullable):
+                return False
+    elif t is ColumnType.FLOAT64:
+        for v in values:
+            if type(v) is not float and (v is not None or not nullable):
+                return False
+    elif t is ColumnType.BOOL:
+        for v in values:
+            if type(v) is not bool and (v is not None or not nullable):
+                return False
+    elif t is ColumnType.BINARY:
+        for v in values:
+            if type(v) is not bytes and (v is not None or not nullable):
+                return False
+    else:
+        return False
+    return True
+
+
+def _convert(c: ColumnDef, values: list[Any]) -> list[Any]:
+    """Strictly convert Python values to the canonical values of column c (no lossy casts)."""
+    t = c.type
+    out: list[Any] = []
+    try:
+        if t is ColumnType.TIMESTAMP:
+            out = pa.array(values, type=ARROW_TYPES[t]).to_pylist()
+        else:
+            for v in values:
+                if v is None:
+                    pass
+                elif t is ColumnType.INT64:
+                    if isinstance(v, (bool, float)):
+                        raise TypeError(f"{v!r} is not an integer")
+                    v = operator.index(v)
+                    if not _INT64_MIN <= v <= _INT64_MAX:
+                        raise OverflowError(f"{v} out of int64 range")
+                elif t is ColumnType.FLOAT64:
+                    if isinstance(v, (bool, str, bytes)):
+                        raise TypeError(f"{v!r} is not a number")
+                    v = float(v)
+                elif t is ColumnType.STRING:
+                    if not isinstance(v, str):
+                        raise TypeError(f"{v!r} is not a string")
+                    v = str(v)
+                elif t is ColumnType.BOOL:
+                    if type(v).__name__ not in ("bool", "bool_"):
+                        raise TypeError(f"{v!r} is not a bool")
+                    v = bool(v)
+                elif t is ColumnType.BINARY:
+                    if not isinstance(v, (bytes, bytearray, memoryview)):
+                        raise TypeError(f"{v!r} is not bytes")
+                    v = bytes(v)
+                out.append(v)
+    except _ARROW_ERRORS as e:
+        raise ValidationError("type_mismatch", f"column {c.name!r} ({t.value}): {e}") from None
+    if not c.nullable and any(v is None for v in out):
+        raise ValidationError("type_mismatch", f"null in non-nullable column {c.name!r}")
+    return out
+
+
+class Batch:
+    """Validated rows: one Python list per schema column (schema order), and the same rows
+    as Arrow (built lazily, for the WAL's Append batch)."""
+
+    __slots__ = ("schema", "cols", "n", "nbytes", "_arrow", "ipc")
+
+    def __init__(
+        self,
+        schema: TableSchema,
+        cols: list[list[Any]],
+        n: int,
+        nbytes: int,
+        arrow: pa.Table | None,
+    ) -> None:
+        self.schema = schema
+        self.cols = cols
+        self.n = n
+        self.nbytes = nbytes
+        self._arrow = arrow
+        self.ipc: bytes | None = None  # the Arrow IPC stream, set at commit
+
+    @property
+    def has_arrow(self) -> bool:
+        return self._arrow is not None
+
+    def arrow(self) -> pa.Table:
+        if self._arrow is None:
+            rb = pa.RecordBatch.from_arrays(
+                [
+                    pa.array(col, type=f.type)
+                    for col, f in zip(self.cols, arrow_schema(self.schema), strict=True)
+                ],
+                schema=arrow_schema(self.schema),
+            )
+            self._arrow = pa.Table.from_batches([rb])
+        return self._arrow
+
+    def by_column_id(self) -> dict[int, list[Any]]:
+        return {c.column_id: col for c, col in zip(self.schema.columns, self.cols, strict=True)}
+
+    def keys(self) -> list[Any]:
+        for c, col in zip(self.schema.columns, self.cols, strict=True):
+            if c.name == self.schema.primary_key:
+                return col
+        raise KeyError(self.schema.primary_key)
+
+
+def to_batch(schema: TableSchema, rows: pa.Table | Sequence[dict[str, Any]] | Batch) -> Batch:
+    """Validate rows against the schema: exactly the schema's columns, in order (absent
+    nullable columns are null), non-null primary key, values of the column types."""
+    if isinstance(rows, Batch) and rows.schema is schema:
+        return rows
+    if not isinstance(rows, pa.Table):
+        if isinstance(rows, dict) or not isinstance(rows, Sequence):
+            raise ValidationError("bad_request", "rows must be an Arrow table or a list of dicts")
+        names = arrow_schema(schema).names
+        known = set(names)
+        cols: list[list[Any]] = [[] for _ in names]
+        appends = [c.append for c in cols]
+        for row in rows:
+            if not isinstance(row, dict):
+                raise ValidationError("bad_request", "rows must be dicts")
+            if len(row) > len(names) or not known.issuperset(row):
+                unknown = [k for k in row if k not in known]
+                raise ValidationError("bad_column", f"unknown columns {unknown}")
+            for a, name in zip(appends, names, strict=True):
+                a(row.get(name))
+        pk_i = names.index(schema.primary_key)
+        if any(k is None for k in cols[pk_i]):
+            raise ValidationError(
+                "missing_primary_key", f"null or missing primary key {schema.primary_key!r}"
+            )
+        for i, c in enumerate(schema.columns):
+            if not _fast_ok(c.type, cols[i], c.nullable):
+                cols[i] = _convert(c, cols[i])
+        nbytes = 0
+        for col in cols:
+            for v in col:
+                nbytes += len(v) if isinstance(v, (str, bytes)) else 8
+        return Batch(schema, cols, len(rows), nbytes, None)
+    return _from_arrow(schema, _conform(schema, rows))
+
+
+def _conform(schema: TableSchema, rows: pa.Table) -> pa.Table:
+    target = arrow_schema(schema)
+    if rows.schema.equals(target):  # same names, order and types: nothing to do
+        return rows
+    names = set(target.names)
+    unknown = [n for n in rows.column_names if n not in names]
+    if unknown:
+        raise ValidationError("bad_column", f"unknown columns {unknown}")
+    if len(set(rows.column_names)) != len(rows.column_names):
+        raise ValidationError("bad_column", "duplicate column names")
+    if schema.primary_key not in rows.column_names:
+        raise ValidationError(
+            "missing_primary_key", f"primary key column {schema.primary_key!r} missing"
+        )
+    arrays = []
+    for field in target:
+        if field.name in rows.column_names:
+            col = rows.column(field.name)
+            if col.type != field.type:
+                try:
+                    col = col.cast(field.type, safe=True)
+                except _ARROW_ERRORS as e:
+                    raise ValidationError(
+                        "type_mismatch",
+                        f"column {field.name!r}: {col.type} is not {field.type}: {e}",
+                    ) from None
+            arrays.append(col)
+        else:
+            arrays.append(pa.nulls(rows.num_rows, field.type))
+    return pa.Table.from_arrays(arrays, schema=target)
+
+
+def _from_arrow(schema: TableSchema, table: pa.Table) -> Batch:
+    # (checks on the Python values: cheaper than pyarrow calls for the usual tiny batches)
+    pk = schema.primary_key
+    cols = [table.column(i).to_pylist() for i in range(table.num_columns)]
+    for c, col in zip(schema.columns, cols, strict=True):
+        if c.name == pk:
+            if None in col:
+                raise ValidationError("missing_primary_key", f"null primary key {pk!r}")
+        elif not c.nullable and None in col:
+            raise ValidationError("type_mismatch", f"null in non-nullable column {c.name!r}")
+    return Batch(schema, cols, table.num_rows, table.get_total_buffer_size(), table)
+
+
+def key_list(schema: TableSchema, keys: Sequence[Any]) -> list[Any]:
+    """Validate primary-key values for delete-by-key; returns them as Python values."""
+    if isinstance(keys, (pa.Array, pa.ChunkedArray)):
+        keys = keys.to_pylist()
+    if isinstance(keys, (str, bytes)) or not isinstance(keys, Sequence):
+        raise ValidationError("bad_request", "keys must be a list of primary-key values")
+    t = ARROW_TYPES[schema.column(schema.primary_key).type]
+    try:
+        arr = pa.array(list(keys), type=t)
+    except _ARROW_ERRORS as e:
+        raise ValidationError("type_mismatch", f"primary key values: {e}") from None
+    if arr.null_count:
+        raise ValidationError("missing_primary_key", "null primary key")
+    return arr.to_pylist()
+
+
+def columns_of(schema: TableSchema, batch: pa.Table) -> dict[int, list[Any]]:
+    """The batch's columns as Python lists keyed by column id (by name against `schema`)."""
+    out: dict[int, list[Any]] = {}
+    for name in batch.column_names:
+        try:
+            cdef: ColumnDef = schema.column(name)
+        except KeyError:
+            continue
+        out[cdef.column_id] = batch.column(name).to_pylist()
+    return out
