@@ -55,6 +55,10 @@ def build_parser() -> argparse.ArgumentParser:
     bcommit = _command(bench, "commit", "infra.bench.commit:run", "TN commit throughput vs Kafka transactions")
     bcommit.add_argument("--seconds", type=float, default=5.0, help="seconds per client count")
 
+    blog = _command(bench, "logtail", "infra.bench.logtail:run", "commit-to-visible latency at a CN")
+    blog.add_argument("--seconds", type=float, default=5.0, help="seconds per target rate")
+    blog.add_argument("--apply-txns", type=int, default=2000, help="100-row txns for the apply rate")
+
     tn = sub.add_parser("tn", help="the transaction node").add_subparsers(dest="tn_command", required=True)
     _command(tn, "run", "tn.service.main:run", "run the TN: consume requests, commit, publish results")
     cn = sub.add_parser("cn", help="compute nodes").add_subparsers(dest="cn_command", required=True)

@@ -56,6 +56,8 @@ class CNCore:
         self.catalog_watermark = 0
         self.last_checkpoint: tuple[int, str] | None = None
         self.on_table_created: Callable[[str], None] = lambda _name: None
+        # Called with the CN watermark after each applied batch, under the lock (keep it quick).
+        self.on_watermark: Callable[[int], None] | None = None
 
     # -- applying --------------------------------------------------------
 
@@ -67,15 +69,19 @@ class CNCore:
         return state
 
     def apply(self, record: LogtailRecord) -> None:
-        with self._lock:
-            self._apply(record)
-            self._lock.notify_all()
+        self.apply_many([record])
 
     def apply_many(self, records: Iterable[LogtailRecord]) -> None:
         with self._lock:
             for record in records:
                 self._apply(record)
-            self._lock.notify_all()
+            self._applied()
+
+    def _applied(self) -> None:
+        """After a batch of records (lock held): wake waiters, report the watermark."""
+        self._lock.notify_all()
+        if self.on_watermark is not None:
+            self.on_watermark(self._watermark(None))
 
     def _apply(self, record: LogtailRecord) -> None:
         body = record.body
@@ -235,7 +241,7 @@ class CN(CNCore):
                     for topic, offset, record in records:
                         self._apply(record)
                         self.positions[topic] = max(self.positions.get(topic, 0), offset + 1)
-                    self._lock.notify_all()
+                    self._applied()
             if self._pending_assign:
                 topics, self._pending_assign = self._pending_assign, []
                 self._consumer.incremental_assign(

@@ -33,22 +33,9 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from consumers.core.exceptions import TableNotFoundError
-from schemas.arrow_ipc import ipc_to_table
+from schemas.arrow_ipc import arrow_schema, ipc_to_table
 from schemas.logtail import COMMIT_TS, ROW_ID, BlockMeta, Changes, row_block
-from schemas.wal import ColumnType, TableSchema
-
-ARROW_TYPES: dict[ColumnType, pa.DataType] = {
-    ColumnType.INT64: pa.int64(),
-    ColumnType.FLOAT64: pa.float64(),
-    ColumnType.STRING: pa.string(),
-    ColumnType.BOOL: pa.bool_(),
-    ColumnType.BINARY: pa.binary(),
-    ColumnType.TIMESTAMP: pa.timestamp("us", tz="UTC"),
-}
-
-
-def arrow_schema(schema: TableSchema) -> pa.Schema:
-    return pa.schema([pa.field(c.name, ARROW_TYPES[c.type], c.nullable) for c in schema.columns])
+from schemas.wal import TableSchema
 
 
 @dataclass

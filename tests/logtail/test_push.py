@@ -10,18 +10,17 @@ from infra.topics import ensure_topics
 from tn.engine import Engine
 from tn.logstore.driver import LogStore
 from tn.logstore.memory_backend import MemoryDriver
-from tn.logtail.engine_view import EngineCatalogView
-from tn.logtail.publisher import LogtailPublisher
+from tn.logtail.wiring import attach_logtail
 
 
 @pytest.fixture
 def tn(kwal_config: KwalConfig):  # type: ignore[no-untyped-def]
     ensure_topics(kwal_config)
+    kwal_config.tn.heartbeat_ms = 20
     engine = Engine(LogStore(MemoryDriver()))
-    pub = LogtailPublisher(kwal_config, EngineCatalogView(engine)).start()
-    engine.add_commit_listener(pub.on_commit)
-    yield engine, pub
-    pub.close()
+    logtail = attach_logtail(engine, kwal_config)
+    yield engine, logtail.publisher
+    logtail.close()
     engine.close()
 
 
@@ -46,5 +45,30 @@ def test_cn_follows_tn_at_every_commit_ts(tn, kwal_config: KwalConfig) -> None: 
         for ts in stamps[1:]:
             assert cn.snapshot("db.t", ts).to_pylist() == engine.read("db", "t", ts).to_pylist(), ts
         assert cn.errors == []
+    finally:
+        cn.close()
+
+
+def test_idle_table_watermark_advances_by_heartbeats(tn, kwal_config: KwalConfig) -> None:  # type: ignore[no-untyped-def]
+    engine, pub = tn
+    t = engine.begin()
+    t.create_database("db")
+    t.create_table("db", "idle", [("id", "int64")], "id")
+    t.create_table("db", "busy", [("id", "int64")], "id")
+    t.commit().result(10)
+    t = engine.begin()
+    t.insert("db", "idle", [{"id": 1}])
+    last_idle_commit = t.commit().result(10)
+    cn = CN(kwal_config, ["db.idle", "db.busy"]).start()
+    try:
+        for i in range(5):  # only the other table changes from now on
+            t = engine.begin()
+            t.insert("db", "busy", [{"id": i}])
+            t.commit().result(10)
+        target = engine.heartbeat().result(10)
+        assert cn.wait_for(target, "db.idle", timeout_s=20), cn.watermark("db.idle")
+        assert cn.watermark("db.idle") > last_idle_commit
+        assert cn.snapshot("db.idle", target).to_pylist() == [{"id": 1}]
+        assert cn.snapshot("db.busy", target).num_rows == 5
     finally:
         cn.close()

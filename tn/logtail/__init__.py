@@ -1,0 +1,1 @@
+"""Logtail on the TN: collect each committed transaction's changes and push them per table."""

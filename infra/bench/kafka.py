@@ -1,0 +1,35 @@
+"""The Kafka a benchmark runs against: the configured one, or an embedded broker it starts."""
+
+from __future__ import annotations
+
+import dataclasses
+import tempfile
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from infra.config import KwalConfig
+from infra.processes import port_open
+
+
+@contextmanager
+def bench_kafka(cfg: KwalConfig, name: str) -> Iterator[tuple[KwalConfig, str]]:
+    """Yield (config with a fresh topic prefix, "embedded" or the address used).
+
+    1. if something answers at cfg.bootstrap, use it;
+    2. otherwise start the embedded broker and stop it on exit;
+    3. either way the bench's topics get a prefix of their own.
+    """
+    broker = None
+    if not port_open(cfg.bootstrap.split(",")[0]):
+        from infra.broker import start_broker
+
+        broker = start_broker(Path(tempfile.mkdtemp(prefix=f"kwal-bench-{name}-")))
+        cfg = cfg.with_bootstrap(broker.address)
+    topics = dataclasses.replace(cfg.topics, prefix=f"bench-{name}-{uuid.uuid4().hex[:8]}")
+    try:
+        yield dataclasses.replace(cfg, topics=topics), ("embedded" if broker else cfg.bootstrap)
+    finally:
+        if broker is not None:
+            broker.stop()

@@ -1,0 +1,168 @@
+"""`kwal bench logtail`: commit-to-visible latency at a CN, and CN apply rate vs raw consume.
+
+1. commit-to-visible: an engine (memory WAL, so the figure is the logtail's
+   own cost) with the logtail attached commits 1-row transactions at a target
+   rate (1k/s, then 10k/s: the achieved rate is reported); a CN follows the
+   table and records, for each commit, when its watermark first covered the
+   commit ts. Latency = that moment - the moment the commit completed.
+2. apply rate: the same table's topic is read from the start by a fresh CN
+   (decode + apply) and by a raw confluent-kafka consumer (no decode), in the
+   same run; `apply_vs_raw` = CN rows/s / raw rows/s (raw counts the rows
+   the records carry).
+"""
+
+from __future__ import annotations
+
+import bisect
+import threading
+import time
+from typing import Any
+
+from confluent_kafka import Consumer, TopicPartition
+
+from consumers.core.cn import CN
+from infra.bench.kafka import bench_kafka
+from infra.bench.report import emit, percentile, ratio
+from infra.config import KwalConfig
+from infra.topics import ensure_topics
+from tn.engine import Engine
+from tn.logstore.driver import LogStore
+from tn.logstore.memory_backend import MemoryDriver
+from tn.logtail.wiring import attach_logtail
+
+ROWS_PER_TXN_APPLY = 100
+
+
+class _Visibility:
+    """Commit ts -> commit wall time; resolved when the CN watermark passes it."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.pending_ts: list[int] = []
+        self.pending_t: list[float] = []
+        self.latencies_ms: list[float] = []
+
+    def committed(self, ts: int) -> None:
+        now = time.perf_counter()
+        with self.lock:
+            i = bisect.bisect(self.pending_ts, ts)
+            self.pending_ts.insert(i, ts)
+            self.pending_t.insert(i, now)
+
+    def watermark(self, mark: int) -> None:
+        now = time.perf_counter()
+        with self.lock:
+            n = bisect.bisect_right(self.pending_ts, mark)
+            self.latencies_ms.extend((now - t) * 1000 for t in self.pending_t[:n])
+            del self.pending_ts[:n], self.pending_t[:n]
+
+
+def _latency_phase(engine: Engine, cn: CN, rate: int, seconds: float, first_id: int) -> dict[str, float]:
+    vis = _Visibility()
+    cn.on_watermark = vis.watermark
+    interval = 1.0 / rate
+    start = time.perf_counter()
+    n = 0
+    futures = []
+    while time.perf_counter() - start < seconds:
+        due = start + n * interval
+        delay = due - time.perf_counter()
+        if delay > 0:
+            time.sleep(delay)
+        t = engine.begin()
+        t.insert("bench", "t", [{"id": first_id + n, "v": "x"}])
+        f = t.commit()
+        f.add_done_callback(lambda fut: vis.committed(fut.result()) if fut.exception() is None else None)
+        futures.append(f)
+        n += 1
+    for f in futures:
+        f.result(30)
+    elapsed = time.perf_counter() - start
+    deadline = time.monotonic() + 30
+    while vis.pending_ts and time.monotonic() < deadline:
+        time.sleep(0.01)
+    cn.on_watermark = None
+    lat = vis.latencies_ms
+    return {
+        "achieved_tps": round(n / elapsed, 1),
+        "p50_ms": round(percentile(lat, 50), 2),
+        "p99_ms": round(percentile(lat, 99), 2),
+        "unresolved": len(vis.pending_ts),
+    }
+
+
+def _apply_phase(cfg: KwalConfig, engine: Engine, logtail: Any, txns: int) -> dict[str, float]:
+    for i in range(txns):
+        t = engine.begin()
+        t.insert("bench", "bulk", [{"id": i * ROWS_PER_TXN_APPLY + j, "v": "y" * 16} for j in range(ROWS_PER_TXN_APPLY)])
+        t.commit()
+    engine.heartbeat().result(60)
+    logtail.publisher.flush(60)
+    rows = txns * ROWS_PER_TXN_APPLY
+    target = engine.visible_ts
+
+    t0 = time.perf_counter()
+    cn = CN(cfg, ["bench.bulk"]).start()
+    ok = cn.wait_for(target, "bench.bulk", timeout_s=120)
+    cn_s = time.perf_counter() - t0
+    applied = cn.snapshot("bench.bulk").num_rows if ok else 0
+    cn.close()
+
+    topic = cfg.topics.logtail("bench", "bulk")
+    consumer = Consumer(cfg.kafka_client(**{"group.id": "bench-raw", "enable.auto.commit": False,
+                                            "fetch.wait.max.ms": 50, "enable.partition.eof": True}))
+    t0 = time.perf_counter()
+    consumer.assign([TopicPartition(topic, 0, 0)])
+    records = 0
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        msgs = consumer.consume(1000, 0.5)
+        if any(m.error() is not None for m in msgs):
+            records += sum(1 for m in msgs if m.error() is None)
+            break
+        records += len(msgs)
+    raw_s = time.perf_counter() - t0
+    consumer.close()
+    cn_rate = applied / cn_s if cn_s else 0.0
+    raw_rate = rows / raw_s if raw_s else 0.0
+    return {
+        "apply_rows": applied,
+        "apply_rows_per_s": round(cn_rate),
+        "raw_records": records,
+        "raw_rows_per_s": round(raw_rate),
+        "apply_vs_raw": ratio(cn_rate, raw_rate),
+    }
+
+
+def run(args: Any, cfg: KwalConfig) -> int:
+    seconds = float(getattr(args, "seconds", 5.0) or 5.0)
+    txns = int(getattr(args, "apply_txns", 2000) or 2000)
+    out: dict[str, Any] = {"bench": "logtail", "seconds_per_rate": seconds}
+    with bench_kafka(cfg, "logtail") as (cfg, where):
+        out["kafka"] = where
+        out["heartbeat_ms"] = cfg.tn.heartbeat_ms
+        ensure_topics(cfg)
+        engine = Engine(LogStore(MemoryDriver()))
+        logtail = attach_logtail(engine, cfg)
+        try:
+            t = engine.begin()
+            t.create_database("bench")
+            t.create_table("bench", "t", [("id", "int64"), ("v", "string")], "id")
+            t.create_table("bench", "bulk", [("id", "int64"), ("v", "string")], "id")
+            t.commit().result(30)
+            cn = CN(cfg, ["bench.t"]).start()
+            cn.wait_for(engine.visible_ts, timeout_s=30)
+            try:
+                for rate, key in ((1000, "1k"), (10000, "10k")):
+                    phase = _latency_phase(engine, cn, rate, seconds, first_id=rate * 1_000_000)
+                    for k, v in phase.items():
+                        out[f"{k}_{key}"] = v
+            finally:
+                cn.close()
+            out.update(_apply_phase(cfg, engine, logtail, txns))
+            out["publisher_errors"] = len(logtail.publisher.errors)
+        finally:
+            logtail.close()
+            engine.close()
+    emit(out)
+    return 0
