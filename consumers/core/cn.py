@@ -37,7 +37,6 @@ from schemas.logtail import (
     CatalogOp,
     Changes,
     Checkpoint,
-    Heartbeat,
     LogtailRecord,
     decode_logtail,
 )
@@ -52,7 +51,9 @@ class CNCore:
         self.subscribed = {t for t in tables}
         self._load = load or _no_store
         self._lock = threading.Condition()
-        self.tables: dict[str, TableState] = {}
+        self.tables: dict[str, list[TableState]] = {}  # name -> versions (by table id)
+        self.marks: dict[str, int] = {}  # name -> its topic's watermark
+        self.last_lsn: dict[str, int] = {}  # name -> LSN of the last applied Changes
         self.catalog_watermark = 0
         self.last_checkpoint: tuple[int, str] | None = None
         self.on_table_created: Callable[[str], None] = lambda _name: None
@@ -61,11 +62,16 @@ class CNCore:
 
     # -- applying --------------------------------------------------------
 
-    def _state(self, database: str, table: str) -> TableState:
-        key = f"{database}.{table}"
-        state = self.tables.get(key)
-        if state is None:
-            state = self.tables[key] = TableState(database, table)
+    def _version(self, key: str, table_id: int) -> TableState:
+        """The version of table `key` with `table_id` (created when first seen: its
+        records can arrive before the catalog topic's create_table)."""
+        versions = self.tables.setdefault(key, [])
+        for state in versions:
+            if state.table_id == table_id:
+                return state
+        database, _, name = key.partition(".")
+        state = TableState(database, name, table_id)
+        versions.append(state)
         return state
 
     def apply(self, record: LogtailRecord) -> None:
@@ -94,18 +100,17 @@ class CNCore:
             return
         if key not in self.subscribed:
             return
-        state = self._state(record.database, record.table)
         match body:
             case Changes():
-                state.apply_changes(record.lsn, record.commit_ts, body)
-            case Heartbeat():
-                state.advance(record.commit_ts)
+                if record.lsn <= self.last_lsn.get(key, 0):
+                    return  # re-delivered: this transaction is applied already
+                self._version(key, record.table_id).apply_changes(body)
+                self.last_lsn[key] = record.lsn
             case BlockMeta():
-                state.apply_block_meta(body)
-                state.advance(record.commit_ts)
+                self._version(key, record.table_id).apply_block_meta(body)
             case Checkpoint():
-                state.advance(record.commit_ts)
                 self.last_checkpoint = (record.commit_ts, body.manifest_key)
+        self.marks[key] = max(self.marks.get(key, 0), record.commit_ts)
 
     def _apply_catalog(self, record: LogtailRecord, body: Catalog) -> None:
         self.catalog_watermark = max(self.catalog_watermark, record.commit_ts)
@@ -114,15 +119,11 @@ class CNCore:
         key = f"{record.database}.{record.table}"
         if key not in self.subscribed:
             return
-        state = self._state(record.database, record.table)
+        state = self._version(key, record.table_id)
         if body.op is CatalogOp.CREATE_TABLE:
-            if state.create_ts and state.create_ts != record.commit_ts and state.drop_ts:
-                # The table was dropped and created again under the same name: start afresh.
-                state = self.tables[key] = TableState(record.database, record.table)
-            if state.create_ts == record.commit_ts:
+            if state.create_ts:
                 return  # re-delivered
             state.create_ts = record.commit_ts
-            state.table_id = record.table_id
             assert body.schema is not None, "create_table without a schema"
             state.schemas.append((record.commit_ts, body.schema))
             self.on_table_created(key)
@@ -142,15 +143,18 @@ class CNCore:
         if table is not None:
             if table not in self.subscribed:
                 raise NotSubscribedError(f"table {table} is not subscribed by this CN")
-            state = self.tables.get(table)
-            return min(self.catalog_watermark, state.watermark) if state else 0
+            if not self._created(table):
+                return self.catalog_watermark
+            return min(self.catalog_watermark, self.marks.get(table, 0))
         marks = [self.catalog_watermark]
         for name in self.subscribed:
-            state = self.tables.get(name)
             # A table not created yet has nothing to wait for beyond the catalog.
-            if state is not None and state.create_ts:
-                marks.append(state.watermark)
+            if self._created(name):
+                marks.append(self.marks.get(name, 0))
         return min(marks)
+
+    def _created(self, table: str) -> bool:
+        return any(v.create_ts for v in self.tables.get(table, ()))
 
     def snapshot(self, table: str, ts: int | None = None) -> pa.Table:
         """The table as of `ts` (default: the table's watermark)."""
@@ -161,10 +165,10 @@ class CNCore:
                 raise AboveWatermarkError(
                     f"{table} as of ts {ts} is not available: this CN has applied changes up to {mark}"
                 )
-            state = self.tables.get(table)
-            if state is None or not state.create_ts:
-                raise TableNotFoundError(f"table {table} does not exist at ts {ts}")
-            return state.snapshot(ts, self._load)
+            for state in self.tables.get(table, ()):
+                if state.create_ts and state.alive_at(ts):
+                    return state.snapshot(ts, self._load)
+            raise TableNotFoundError(f"table {table} does not exist at ts {ts}")
 
     def wait_for(self, ts: int, table: str | None = None, timeout_s: float = 10.0) -> bool:
         """Block until the watermark (of `table`, or the CN's) reaches ts; False on timeout."""

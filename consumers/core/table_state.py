@@ -10,12 +10,13 @@ What is kept:
 - `blocks_with_memory_deletes`: the blocks that have deletes still in memory,
   so a read of a flushed block checks memory only when it must (seed 001,
   "更快读取");
-- the watermark: every change with commit ts <= watermark has been applied;
-- the last applied LSN: a data record at or below it is a duplicate.
 
-Applying is idempotent: a re-delivered Changes record (LSN <= last applied)
-is skipped, a BlockMeta for a known block replaces it with the same content,
-a heartbeat only moves the watermark forward.
+One `TableState` is one *version* of a table (one table id): a table dropped
+and created again under the same name is a new version, and reads at a ts
+before the drop still see the old one. Watermarks and duplicate detection
+belong to the topic (the name), so they live in the CN (`CNCore`).
+
+A BlockMeta for a known block is applied once.
 
 `snapshot(ts)` = (object blocks alive at ts + in-memory rows), rows with
 commit ts <= ts, minus rows deleted at or before ts, projected onto the schema
@@ -53,8 +54,6 @@ class TableState:
     schemas: list[tuple[int, TableSchema]] = field(default_factory=list)  # (from ts, schema)
     create_ts: int = 0
     drop_ts: int = 0  # 0 = alive
-    watermark: int = 0
-    last_lsn: int = 0
     inserts: list[pa.Table] = field(default_factory=list)
     deletes: dict[int, int] = field(default_factory=dict)  # row_id -> delete ts
     blocks: dict[int, BlockObject] = field(default_factory=dict)
@@ -63,13 +62,8 @@ class TableState:
 
     # -- applying --------------------------------------------------------
 
-    def advance(self, ts: int) -> None:
-        self.watermark = max(self.watermark, ts)
-
-    def apply_changes(self, lsn: int, commit_ts: int, changes: Changes) -> bool:
-        """Apply one transaction's changes; False when it is a duplicate."""
-        if lsn and lsn <= self.last_lsn:
-            return False
+    def apply_changes(self, changes: Changes) -> None:
+        """Apply one transaction's changes (the caller drops duplicates)."""
         if changes.inserts is not None:
             batch = ipc_to_table(changes.inserts)
             if batch.num_rows:
@@ -81,10 +75,7 @@ class TableState:
             ):
                 self.deletes[row_id] = ts
                 self.blocks_with_memory_deletes.add(row_block(row_id))
-        self.last_lsn = max(self.last_lsn, lsn)
         self.applied_changes += 1
-        self.advance(commit_ts)
-        return True
 
     def apply_block_meta(self, meta: BlockMeta) -> None:
         """A block is in object storage: drop its in-memory rows and deletes older than

@@ -139,7 +139,7 @@ def test_drop_table_hides_rows_after_not_before() -> None:
         [
             create(5),
             inserts(10, 1, [(0, 1, "a")]),
-            LogtailRecord("db", "t", 20, Catalog(CatalogOp.DROP_TABLE, 1)),
+            LogtailRecord("db", "t", 20, Catalog(CatalogOp.DROP_TABLE, 1), 7),
             LogtailRecord("db", "t", 20, Heartbeat()),
         ]
     )
@@ -155,7 +155,7 @@ def test_alter_table_add_column_projects_nulls() -> None:
         [
             create(5),
             inserts(10, 1, [(0, 1, "a")]),
-            LogtailRecord("db", "t", 15, Catalog(CatalogOp.ALTER_TABLE, 1, wider)),
+            LogtailRecord("db", "t", 15, Catalog(CatalogOp.ALTER_TABLE, 1, wider), 7),
             catalog_heartbeat(15),
             LogtailRecord("db", "t", 15, Heartbeat()),
         ]
@@ -187,9 +187,9 @@ def test_block_meta_moves_rows_to_object_storage_keeping_later_deletes(tmp_path:
         store.put(key, buf.getvalue())
     # ... while a delete of row 1 committed at 27, during the flush, arrives before the block meta.
     cn.apply(deletes(27, 3, [1], [2]))
-    cn.apply(LogtailRecord("db", "t", 30, BlockMeta(1, "blk-1.parquet", 25, "blk-1-del.parquet")))
+    cn.apply(LogtailRecord("db", "t", 30, BlockMeta(1, "blk-1.parquet", 25, "blk-1-del.parquet"), 7))
     cn.apply(catalog_heartbeat(30))
-    state = cn.tables[T]
+    state = cn.tables[T][0]
     assert state.inserts == []  # every in-memory row of block 1 was older than 25
     assert 1 in state.blocks_with_memory_deletes  # the delete at 27 is kept in memory
     assert rows(cn, 15) == [(1, "a"), (2, "b")]
