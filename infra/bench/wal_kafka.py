@@ -1,0 +1,190 @@
+"""`kwal bench wal --backend kafka`: the Kafka WAL driver against raw confluent-kafka.
+
+One JSON line (`infra.bench.report.emit`). For 1, 8 and 64 concurrent appender
+threads of 200-byte entries, each thread appends one entry and waits for its
+acknowledgement, then the next:
+
+- `driver_<n>_*`: through `LogStore` on one `KafkaDriver` (group commit,
+  acknowledgements in LSN order);
+- `raw_<n>_*`: one message per entry on one raw producer with the same
+  settings (acks=all, idempotent, linger.ms=0), each thread waiting for its
+  own delivery report, in the same run on the same broker.
+
+Figures: `*_eps` entries/s, `*_p50_ms` / `*_p99_ms` append latency. Ratios:
+`vs_raw_64` = driver_64_eps / raw_64_eps (target >= 2), `p99_vs_raw_1` =
+driver_1_p99_ms / raw_1_p99_ms (target <= 3).
+
+Steps: (1) use the broker at `cfg.bootstrap`, or start the embedded one when
+nothing listens there (stopped at the end); (2) fresh topics under a unique
+prefix; (3) one driver and one raw producer, warmed up; (4) for each
+concurrency, raw then driver, twice (interleaved), each run bounded by an entry
+count and a time cap; each side's faster run is reported (the shared machine's
+noise otherwise dominates). The whole bench stays well under 90 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from confluent_kafka import KafkaError, Message, Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from infra.bench.report import emit, percentile, ratio
+from infra.config import KwalConfig
+from infra.processes import ServerProcess, port_open
+
+ENTRY_BYTES = 200
+CONCURRENCY = (1, 8, 64)
+DEFAULT_ENTRIES = {1: 3000, 8: 12000, 64: 40000}
+PHASE_CAP_S = 5.0
+ROUNDS = 2  # each side's best of two interleaved runs is reported
+
+
+def _phase(
+    threads: int, per_thread: int, cap_s: float, append_wait: Callable[[], None]
+) -> dict[str, float]:
+    """Run `threads` appenders, each doing append-and-wait up to `per_thread` times or `cap_s`."""
+    lat: list[list[float]] = [[] for _ in range(threads)]
+    stop_at = time.perf_counter() + cap_s
+    start = threading.Barrier(threads + 1)
+
+    def worker(i: int) -> None:
+        mine = lat[i]
+        start.wait()
+        for _ in range(per_thread):
+            t0 = time.perf_counter()
+            append_wait()
+            t1 = time.perf_counter()
+            mine.append(t1 - t0)
+            if t1 > stop_at:
+                break
+
+    ts = [threading.Thread(target=worker, args=(i,), daemon=True) for i in range(threads)]
+    for t in ts:
+        t.start()
+    start.wait()
+    t0 = time.perf_counter()
+    for t in ts:
+        t.join()
+    elapsed = time.perf_counter() - t0
+    samples = [x for row in lat for x in row]
+    return {
+        "eps": round(len(samples) / elapsed, 1) if elapsed else 0.0,
+        "p50_ms": round(percentile(samples, 50) * 1000, 3),
+        "p99_ms": round(percentile(samples, 99) * 1000, 3),
+        "n": len(samples),
+    }
+
+
+class _Raw:
+    """One raw idempotent acks=all producer, polled by one thread."""
+
+    def __init__(self, cfg: KwalConfig, topic: str) -> None:
+        self.topic = topic
+        self.producer = Producer(
+            cfg.kafka_client(**{"acks": "all", "enable.idempotence": True, "linger.ms": 0})
+        )
+        self._stop = threading.Event()
+        self._poller = threading.Thread(target=self._poll, daemon=True)
+        self._poller.start()
+        self.payload = b"r" * ENTRY_BYTES
+
+    def _poll(self) -> None:
+        while not self._stop.is_set():
+            self.producer.poll(0.02)
+
+    def append_wait(self) -> None:
+        done = threading.Event()
+        errors: list[KafkaError] = []
+
+        def cb(err: KafkaError | None, _msg: Message) -> None:
+            if err is not None:
+                errors.append(err)
+            done.set()
+
+        self.producer.produce(self.topic, value=self.payload, on_delivery=cb)
+        if not done.wait(30) or errors:
+            raise RuntimeError(f"raw produce failed: {errors or 'timeout'}")
+
+    def close(self) -> None:
+        self._stop.set()
+        self._poller.join(5)
+        self.producer.flush(10)
+
+
+def _ensure_broker(cfg: KwalConfig) -> tuple[KwalConfig, ServerProcess | None]:
+    if port_open(cfg.bootstrap.split(",")[0]):
+        return cfg, None
+    from infra.broker import start_broker
+
+    broker = start_broker(Path(cfg.stack.state_dir) / "bench-logs")
+    return cfg.with_bootstrap(broker.address), broker
+
+
+def run(args: argparse.Namespace, cfg: KwalConfig) -> int:
+    from tn.logstore.driver import LogStore
+    from tn.logstore.kafka_backend import KafkaDriver
+
+    logging.getLogger("tn.logstore.kafka_backend").setLevel(logging.WARNING)
+    cfg, broker = _ensure_broker(cfg)
+    try:
+        cfg = dataclasses.replace(
+            cfg,
+            topics=dataclasses.replace(cfg.topics, prefix=f"bench-{uuid.uuid4().hex[:8]}"),
+            wal=dataclasses.replace(cfg.wal, backend="kafka"),
+        )
+        raw_topic = cfg.topics.name("raw")
+        admin = AdminClient(cfg.kafka_client())
+        admin.create_topics(
+            [NewTopic(raw_topic, cfg.topics.wal_partitions, cfg.topics.replication_factor)]
+        )[raw_topic].result(15)
+        raw = _Raw(cfg, raw_topic)
+        driver = KafkaDriver(cfg, delete_records=False, retention_policy="warn")
+        store = LogStore(driver)
+        entry = b"d" * ENTRY_BYTES
+
+        def driver_append_wait() -> None:
+            store.append(entry).result(30)
+
+        result: dict[str, Any] = {
+            "bench": "wal",
+            "backend": "kafka",
+            "bootstrap": cfg.bootstrap,
+            "embedded_broker": broker is not None,
+            "entry_bytes": ENTRY_BYTES,
+            "wal_partitions": len(driver.partitions),
+        }
+        try:
+            _phase(4, 50, 10, raw.append_wait)  # warm-up: first idempotent acks are slow
+            _phase(4, 50, 10, driver_append_wait)
+            for n in CONCURRENCY:
+                total = getattr(args, "entries", 0) or DEFAULT_ENTRIES[n]
+                per_thread = max(1, total // n)
+                best: dict[str, dict[str, float]] = {}
+                for _ in range(ROUNDS):  # interleaved, so drift in the machine hits both
+                    for name, fn in (("raw", raw.append_wait), ("driver", driver_append_wait)):
+                        got = _phase(n, per_thread, PHASE_CAP_S, fn)
+                        if name not in best or got["eps"] > best[name]["eps"]:
+                            best[name] = got
+                for name, figures in best.items():
+                    for key, value in figures.items():
+                        result[f"{name}_{n}_{key}"] = value
+        finally:
+            driver.close()
+            raw.close()
+        result["vs_raw_64"] = ratio(result["driver_64_eps"], result["raw_64_eps"])
+        result["p99_vs_raw_1"] = ratio(result["driver_1_p99_ms"], result["raw_1_p99_ms"])
+        result["targets_met"] = result["vs_raw_64"] >= 2 and result["p99_vs_raw_1"] <= 3
+        emit(result)
+        return 0
+    finally:
+        if broker is not None:
+            broker.stop()

@@ -1,0 +1,485 @@
+"""`KafkaDriver`: the log driver over a Kafka WAL topic (DESIGN.md "The log store", seed 004).
+
+Opening (recovery), numbered as `__init__` runs it:
+
+1. make sure the WAL and meta topics exist; learn the WAL's partitions;
+2. create the driver's ONE idempotent, acks=all producer and its pump thread;
+3. claim a new writer epoch on the meta topic (`meta.claim_epoch`); this
+   also reads the truncation point and earlier epochs' bases;
+4. put an epoch marker on every WAL partition. Markers fence older writers
+   (their records after it are zombies) and, through the exact offsets their
+   delivery reports give, mark the end of the log for step 5. The high
+   watermark is never used: the embedded broker can report it wrongly;
+5. read every partition from its low watermark up to its marker, read the
+   truncation point again (a fenced writer may have truncated meanwhile), and
+   replay (`replay.replay`: head skipped, zombies ignored, tail dropped);
+6. check the WAL topic's retention (`retention.check_retention`): refuse or
+   warn per `retention_policy`;
+7. record this epoch's base (the recovered last LSN) on the meta topic, then
+   accept appends at base + 1, and watch the meta topic for a newer epoch
+   (which fails this writer with `FencedError`).
+
+End of log: a starting writer never trusts the high watermark (the embedded
+broker can report the last batch's base offset + 1). Its own epoch marker, produced
+with acks=all to each partition, has an exact offset in its delivery report;
+everything durable in that partition before the marker sits at a lower offset,
+so "read up to the marker" is the end, with no idle-timeout guess. The meta topic
+uses the same trick with the epoch claim record.
+
+Fencing: the epoch rule always (markers + recorded bases, see `replay`); a fenced
+writer learns it from the meta topic within ~100 ms and fails every pending and
+later append with `FencedError`. Kafka transactional.id fencing is not used (the
+embedded broker's transactions are unreliable); with it absent, acknowledgements
+the old writer hands out between the new writer's marker and noticing the fence
+can be lost, which is why a TN must not run two writers on purpose.
+
+`truncate(lsn)`: (1) record the point on the meta topic (durable), (2) forget
+entries <= lsn, (3) per partition, DeleteRecords only up to the last offset
+whose records hold LSNs all <= lsn, and only when the broker supports it;
+otherwise truncation is logical only, logged once and shown in
+`truncation_mode` / `truncation_note` (for `kwal ops status`).
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import threading
+import time
+import uuid
+from concurrent.futures import Future
+from typing import Any, Literal
+
+from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient
+
+from infra.config import KwalConfig
+from infra.topics import KEEP_FOREVER, TopicSpec, ensure_topics
+from tn.logstore.driver import LogClosedError, LogDriver, LogRecord
+from tn.logstore.kafka_backend.exceptions import (
+    FencedError,
+    KafkaLogError,
+    ReplayTimeoutError,
+    RetentionUnsafeError,
+)
+from tn.logstore.kafka_backend.headers import (
+    HeaderError,
+    decode_entries,
+    decode_headers,
+    epoch_headers,
+)
+from tn.logstore.kafka_backend.kio import Pump, produce_wait, read_until, reader_conf
+from tn.logstore.kafka_backend.meta import MetaLog, MetaWatcher
+from tn.logstore.kafka_backend.replay import (
+    RecordInfo,
+    ReplayResult,
+    Segment,
+    StoredRecord,
+    deletable_offsets,
+    record_info,
+    replay,
+)
+from tn.logstore.kafka_backend.retention import (
+    check_retention,
+    read_retention,
+    safe_retention,
+)
+from tn.logstore.kafka_backend.writer import GroupWriter, WriterSettings
+
+log = logging.getLogger(__name__)
+
+RetentionPolicy = Literal["refuse", "warn"]
+
+
+def broker_deletes_records(cfg: KwalConfig) -> bool:
+    """Whether the broker supports DeleteRecords, per `infra.doctor.probe` when it exists.
+
+    Conservative: False when the probe is missing or fails (truncation is then
+    logical only; the embedded broker breaks the connection on DeleteRecords).
+    """
+    try:
+        from infra import doctor
+    except ImportError:
+        return False
+    try:
+        return bool(doctor.probe(cfg).delete_records.works)
+    except Exception as e:  # noqa: BLE001 - a failing probe means "don't"
+        log.warning("kwal doctor probe failed (%s); WAL truncation will be logical only", e)
+        return False
+
+
+def producer_conf(cfg: KwalConfig) -> dict[str, Any]:
+    """The driver's producer: acks=all, idempotent, no linger, bounded delivery."""
+    return cfg.kafka_client(
+        **{
+            "acks": "all",
+            "enable.idempotence": True,
+            "linger.ms": 0,
+            "message.timeout.ms": max(1000, int(cfg.wal.append_timeout_s * 1000)),
+            "message.max.bytes": max(1_000_000, cfg.wal.group_max_bytes + (64 << 10)),
+        }
+    )
+
+
+class KafkaDriver(LogDriver):
+    """The Kafka log backend. One per WAL writer process; see the module docstring."""
+
+    def __init__(
+        self,
+        cfg: KwalConfig,
+        *,
+        writer_id: str | None = None,
+        delete_records: bool | None = None,
+        max_in_flight: int = 4,
+        retention_policy: RetentionPolicy = "refuse",
+        create_topics: bool = True,
+        open_timeout_s: float = 30.0,
+    ) -> None:
+        self.cfg = cfg
+        self.topic = cfg.topics.wal
+        self.writer_id = writer_id or uuid.uuid4().hex[:16]
+        self._timeout = cfg.wal.append_timeout_s
+        self._open_timeout = open_timeout_s
+        self._reader_base = cfg.kafka_client()
+        self._reader: Consumer | None = None
+        self._read_lock = threading.Lock()  # the reader consumer is not shared
+        self._truncate_lock = threading.Lock()
+        self._closed = False
+        self.truncation_mode = "unknown"
+        self.truncation_note = ""
+        self.retention_warning = ""
+        # 1. topics
+        if create_topics:
+            ensure_topics(
+                cfg,
+                [
+                    TopicSpec(self.topic, cfg.topics.wal_partitions, dict(KEEP_FOREVER)),
+                    TopicSpec(cfg.topics.wal_meta, 1, {"cleanup.policy": "compact"}),
+                ],
+            )
+        self._admin = AdminClient(cfg.kafka_client())
+        md = self._admin.list_topics(self.topic, timeout=open_timeout_s)
+        tmd = md.topics.get(self.topic)
+        if tmd is None or tmd.error is not None or not tmd.partitions:
+            raise KafkaLogError(f"WAL topic {self.topic} is missing on {cfg.bootstrap}")
+        self.partitions = sorted(tmd.partitions)
+        # 2. the one producer
+        self._producer = Producer(producer_conf(cfg))
+        self._pump = Pump(self._producer)
+        self._pump.start()
+        try:
+            self._open(delete_records, max_in_flight, retention_policy)
+        except BaseException:
+            self._pump.stop()
+            raise
+
+    # -- opening -------------------------------------------------------------
+
+    def _open(
+        self, delete_records: bool | None, max_in_flight: int, policy: RetentionPolicy
+    ) -> None:
+        cfg = self.cfg
+        # 3. claim an epoch
+        self._meta = MetaLog(
+            self._producer, self._reader_base, cfg.topics.wal_meta, self._open_timeout
+        )
+        self.epoch, state, claim_offset = self._meta.claim_epoch(self.writer_id)
+        self._truncated = state.truncated
+        # 4. markers: fence + end of log
+        ends: dict[int, int] = {}
+        for p in self.partitions:
+            _, off = produce_wait(
+                self._producer,
+                self.topic,
+                b"",
+                self._open_timeout,
+                headers=epoch_headers(self.epoch, self.writer_id),
+                partition=p,
+            )
+            ends[p] = off
+        # 5. read and replay. The truncation point is read again after the WAL: a writer
+        # still running (about to be fenced) may have truncated, and physically deleted,
+        # after our claim; its point is durable before any deletion, so it is seen here.
+        stored = list(self._read_wal(ends))
+        truncated, newest = self._meta.latest_truncation(self.writer_id)
+        if newest > self.epoch:
+            raise FencedError(f"epoch {newest} was claimed while epoch {self.epoch} was opening")
+        self._truncated = max(state.truncated, truncated)
+        self._infos: list[RecordInfo] = [record_info(r) for r in stored]
+        self.replay_result: ReplayResult = replay(stored, self._truncated, state.bases, self.epoch)
+        self._cache: dict[int, bytes] = self.replay_result.entries
+        self._segments: list[Segment] = self.replay_result.segments
+        r = self.replay_result
+        log.info(
+            "WAL %s epoch %d recovered: truncated %d, last %d, head skipped %d, tail dropped %d, "
+            "zombie entries ignored %d",
+            self.topic,
+            self.epoch,
+            r.truncated,
+            r.last_lsn,
+            r.head_skipped,
+            len(r.tail_dropped),
+            r.zombies_ignored,
+        )
+        # 6. retention guard
+        self._guard_retention(policy)
+        # 7. base, then appends; watch for a newer epoch
+        self._meta.record_base(self.epoch, self.writer_id, r.last_lsn)
+        self._deletes = broker_deletes_records(cfg) if delete_records is None else delete_records
+        self.truncation_mode = "physical" if self._deletes else "logical"
+        self._deleted_before: dict[int, int] = {}
+        self._delete_target: dict[int, int] = {}
+        self._writer = GroupWriter(
+            self._producer,
+            self.topic,
+            self.partitions,
+            self.epoch,
+            self.writer_id,
+            r.last_lsn,
+            WriterSettings(
+                window=cfg.wal.window,
+                group_max_entries=cfg.wal.group_max_entries,
+                group_max_bytes=cfg.wal.group_max_bytes,
+                max_in_flight=max_in_flight,
+                append_timeout_s=cfg.wal.append_timeout_s,
+            ),
+        )
+        self._pump.add_tick(self._writer.tick)
+        self._watcher = MetaWatcher(
+            self._reader_base, cfg.topics.wal_meta, claim_offset + 1, self.epoch, self._on_fenced
+        )
+
+    def _read_wal(self, ends: dict[int, int]) -> list[StoredRecord]:
+        out: list[StoredRecord] = []
+        for msg in read_until(self._reader_base, self.topic, ends, self._open_timeout):
+            try:
+                header = decode_headers(msg.headers())
+                value = msg.value() or b""
+                payloads = tuple(decode_entries(value, header.count)) if header.count else ()
+            except HeaderError as e:
+                log.warning(
+                    "WAL %s: skipping foreign record at %s/%s: %s",
+                    self.topic,
+                    msg.partition(),
+                    msg.offset(),
+                    e,
+                )
+                continue
+            _, ts = msg.timestamp()
+            out.append(
+                StoredRecord(
+                    int(msg.partition() or 0),
+                    int(msg.offset() or 0),
+                    header,
+                    payloads,
+                    int(ts),
+                    len(msg.value() or b""),
+                )
+            )
+        return out
+
+    def _guard_retention(self, policy: RetentionPolicy) -> None:
+        try:
+            retention = read_retention(self._admin, self.topic, self._open_timeout)
+        except KafkaException as e:
+            self.retention_warning = f"cannot read retention of WAL topic {self.topic}: {e}"
+            log.warning("%s", self.retention_warning)
+            return
+        safe = safe_retention(self._infos, self._truncated)
+        try:
+            check = check_retention(self.topic, retention, safe)
+        except RetentionUnsafeError as e:
+            if policy == "refuse":
+                raise
+            self.retention_warning = str(e)
+            log.error("UNSAFE WAL RETENTION: %s", e)
+            return
+        if check.warning:
+            self.retention_warning = check.warning
+            log.warning("WAL RETENTION: %s", check.warning)
+
+    def _on_fenced(self, newer: int) -> None:
+        self._writer.fail(
+            FencedError(
+                f"writer {self.writer_id} (epoch {self.epoch}) was fenced by epoch {newer} on "
+                f"{self.topic}; its later records are never replayed"
+            )
+        )
+
+    # -- the driver interface --------------------------------------------------
+
+    def append(self, lsn: int, payload: bytes) -> Future[int]:
+        return self._writer.append(lsn, payload)
+
+    def last_lsn(self) -> int:
+        return self._writer.next_lsn - 1
+
+    def acked_lsn(self) -> int:
+        """The contiguous acknowledged LSN."""
+        return self._writer.acked
+
+    def truncated(self) -> int:
+        return self._truncated
+
+    def failure(self) -> BaseException | None:
+        """Why appends fail (fenced, broker lost), or None."""
+        return self._writer.failure
+
+    def read(self, from_lsn: int, max_bytes: int) -> tuple[list[LogRecord], int]:
+        with self._read_lock:
+            return self._read(from_lsn, max_bytes)
+
+    def _read(self, from_lsn: int, max_bytes: int) -> tuple[list[LogRecord], int]:
+        start = max(from_lsn, self._truncated + 1)
+        end = self._writer.acked
+        out: list[LogRecord] = []
+        size = 0
+        lsn = start
+        fetched: dict[int, bytes] = {}
+        while lsn <= end:
+            payload = self._cache.get(lsn)
+            if payload is None:
+                payload = fetched.get(lsn)
+            if payload is None:
+                fetched = self._fetch(lsn)
+                payload = fetched.get(lsn)
+                if payload is None:
+                    raise KafkaLogError(f"WAL {self.topic}: LSN {lsn} is not in the log map")
+            if out and size + len(payload) > max_bytes:
+                break
+            out.append(LogRecord(lsn, payload))
+            size += len(payload)
+            lsn += 1
+        return out, lsn
+
+    def _segment_for(self, lsn: int) -> Segment | None:
+        with self._writer.lock():
+            for segs in (self._segments, self._writer.segments):
+                i = bisect.bisect_right(segs, lsn, key=lambda s: s.first) - 1
+                if i >= 0 and segs[i].first <= lsn <= segs[i].last:
+                    return segs[i]
+        return None
+
+    def _fetch(self, lsn: int) -> dict[int, bytes]:
+        """Read the record holding `lsn` back from Kafka; its entries by LSN."""
+        seg = self._segment_for(lsn)
+        if seg is None:
+            return {}
+        if self._reader is None:
+            self._reader = Consumer(reader_conf(self._reader_base))
+        self._reader.assign([TopicPartition(self.topic, seg.partition, seg.offset)])
+        deadline = time.monotonic() + self._open_timeout
+        while time.monotonic() < deadline:
+            msg = self._reader.poll(0.2)
+            if msg is None or msg.error() is not None:
+                continue
+            if msg.partition() != seg.partition or msg.offset() != seg.offset:
+                continue
+            header = decode_headers(msg.headers())
+            payloads = decode_entries(msg.value() or b"", header.count)
+            return {header.first + i: p for i, p in enumerate(payloads)}
+        raise ReplayTimeoutError(
+            f"cannot read WAL record {seg.partition}/{seg.offset} of {self.topic}"
+        )
+
+    def truncate(self, lsn: int) -> None:
+        with self._truncate_lock:
+            self._truncate(lsn)
+
+    def _truncate(self, lsn: int) -> None:
+        if lsn <= self._truncated:
+            return
+        acked = self._writer.acked
+        if lsn > acked:
+            raise ValueError(f"cannot truncate to {lsn}: only {acked} is acknowledged")
+        # 1. durable logical point
+        self._meta.record_truncation(lsn)
+        # 2. forget
+        self._truncated = lsn
+        for k in [k for k in self._cache if k <= lsn]:
+            del self._cache[k]
+        with self._writer.lock():
+            self._segments = [s for s in self._segments if s.last > lsn]
+            self._writer.segments[:] = [s for s in self._writer.segments if s.last > lsn]
+            infos = self._infos + list(self._writer.records)
+        # 3. physical, where the broker can
+        plan = self.physical_truncation_plan(infos, lsn)
+        with self._writer.lock():
+            # the disposable prefix only grows: forget it (a later plan starts past it)
+            for p, off in plan.items():
+                self._delete_target[p] = max(self._delete_target.get(p, 0), off)
+            target = dict(self._delete_target)
+            self._infos = [i for i in self._infos if i.offset >= target.get(i.partition, 0)]
+            self._writer.records[:] = [
+                i for i in self._writer.records if i.offset >= target.get(i.partition, 0)
+            ]
+        if not self._deletes:
+            if not self.truncation_note:
+                self.truncation_note = (
+                    f"the broker at {self.cfg.bootstrap} lacks DeleteRecords: WAL truncation is "
+                    "logical only (the truncation point is on the meta topic; records stay)"
+                )
+                log.warning("%s", self.truncation_note)
+            return
+        todo = [
+            TopicPartition(self.topic, p, off)
+            for p, off in target.items()
+            if off > self._deleted_before.get(p, 0)
+        ]
+        if not todo:
+            return
+        futures = self._admin.delete_records(todo, request_timeout=self._timeout)
+        for tp, fut in futures.items():
+            try:
+                fut.result(timeout=self._timeout)
+                self._deleted_before[tp.partition] = tp.offset
+            except KafkaException as e:
+                log.warning(
+                    "DeleteRecords %s/%s failed (retried at the next truncate): %s",
+                    tp.topic,
+                    tp.partition,
+                    e,
+                )
+
+    @staticmethod
+    def physical_truncation_plan(infos: list[RecordInfo], lsn: int) -> dict[int, int]:
+        """Per partition, the offset DeleteRecords may delete before (seed 004's rule)."""
+        return deletable_offsets(infos, lsn)
+
+    def records_map(self) -> list[RecordInfo]:
+        """Every record this driver knows of: (partition, offset) -> max LSN, time, size."""
+        with self._writer.lock():
+            return self._infos + list(self._writer.records)
+
+    def status(self) -> dict[str, object]:
+        """What `kwal ops status` shows about this WAL writer."""
+        failure = self._writer.failure
+        return {
+            "topic": self.topic,
+            "partitions": len(self.partitions),
+            "epoch": self.epoch,
+            "writer_id": self.writer_id,
+            "last_lsn": self.last_lsn(),
+            "acked_lsn": self._writer.acked,
+            "truncated": self._truncated,
+            "truncation_mode": self.truncation_mode,
+            "truncation_note": self.truncation_note,
+            "retention_warning": self.retention_warning,
+            "failure": str(failure) if failure is not None else "",
+        }
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._writer.close(self._timeout)
+        self._watcher.stop()
+        self._pump.stop()
+        self._producer.flush(min(self._timeout, 5.0))
+        with self._read_lock:
+            if self._reader is not None:
+                self._reader.close()
+                self._reader = None
+
+
+__all__ = ["KafkaDriver", "LogClosedError", "broker_deletes_records", "producer_conf"]

@@ -1,0 +1,175 @@
+"""Small Kafka I/O helpers shared by the backend's modules.
+
+- `Pump`: the one thread that serves the driver's single producer (delivery
+  callbacks run on it) and runs periodic checks (the append watchdog).
+- `produce_wait`: produce one record and wait, bounded, for its acknowledgement.
+- `read_until`: read partitions from their low watermarks up to (excluding) a
+  known end offset per partition. The end offsets come from markers this
+  process produced itself (their delivery reports give exact offsets), never
+  from the high watermark, which the embedded broker can report wrongly.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from typing import Any
+
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    Consumer,
+    KafkaError,
+    Message,
+    Producer,
+    TopicPartition,
+)
+
+from tn.logstore.kafka_backend.exceptions import AppendTimeoutError, ReplayTimeoutError
+
+FETCH_WAIT_MS = 75  # the embedded broker's sweet spot is 50-100 ms
+
+
+class Pump:
+    """Polls the producer on one daemon thread; runs `tick()` hooks between polls."""
+
+    def __init__(self, producer: Producer, name: str = "kwal-wal-pump") -> None:
+        self._producer = producer
+        self._stop = threading.Event()
+        self._running = threading.Event()
+        self._running.set()
+        self._parked = threading.Event()
+        self._ticks: list[Callable[[], None]] = []
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+
+    def add_tick(self, fn: Callable[[], None]) -> None:
+        self._ticks.append(fn)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            if not self._running.is_set():
+                self._parked.set()
+                self._running.wait(0.05)
+                continue
+            self._producer.poll(0.02)
+            for fn in self._ticks:
+                fn()
+
+    def pause(self) -> None:
+        """Stop serving deliveries and ticks until `resume()` (fault tests use it to hold acks)."""
+        self._parked.clear()
+        self._running.clear()
+        if self._thread.is_alive() and not self.is_current():
+            self._parked.wait(1.0)  # returns once no poll is running any more
+
+    def resume(self) -> None:
+        self._running.set()
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        self._stop.set()
+        self._running.set()
+        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+            self._thread.join(timeout_s)
+
+    def is_current(self) -> bool:
+        return threading.current_thread() is self._thread
+
+
+def produce_wait(
+    producer: Producer,
+    topic: str,
+    value: bytes | None,
+    timeout_s: float,
+    key: bytes | None = None,
+    headers: list[tuple[str, str | bytes | None]] | None = None,
+    partition: int | None = None,
+) -> tuple[int, int]:
+    """Produce one record (acks per the producer) and wait for it; return (partition, offset).
+
+    The producer must be polled by a `Pump` (or this thread must not be the pump).
+    """
+    done: Future[tuple[int, int]] = Future()
+
+    def on_delivery(err: KafkaError | None, msg: Message) -> None:
+        if err is not None:
+            done.set_exception(AppendTimeoutError(f"produce to {topic} failed: {err}"))
+        else:
+            done.set_result((int(msg.partition() or 0), int(msg.offset() or 0)))
+
+    kwargs: dict[str, Any] = {"value": value, "on_delivery": on_delivery}
+    if key is not None:
+        kwargs["key"] = key
+    if headers:
+        kwargs["headers"] = headers
+    if partition is not None:
+        kwargs["partition"] = partition
+    producer.produce(topic, **kwargs)
+    try:
+        return done.result(timeout=timeout_s)
+    except FutureTimeout as e:
+        raise AppendTimeoutError(
+            f"no acknowledgement for a record on {topic} within {timeout_s:.1f}s"
+        ) from e
+
+
+def reader_conf(base: Mapping[str, Any]) -> dict[str, Any]:
+    """Settings of an internal reader: assign() only, no group joins, no commits."""
+    conf = dict(base)
+    conf.update(
+        {
+            "group.id": f"kwal-reader-{uuid.uuid4().hex[:12]}",
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            "fetch.wait.max.ms": FETCH_WAIT_MS,
+            "auto.offset.reset": "earliest",
+            "enable.partition.eof": False,
+        }
+    )
+    return conf
+
+
+def read_until(
+    conf: Mapping[str, Any], topic: str, ends: Mapping[int, int], timeout_s: float
+) -> Iterator[Message]:
+    """Yield every record of `topic` with offset < ends[p], per partition in offset order.
+
+    Partitions are read from their low watermark. Bounded: `ReplayTimeoutError`
+    when the ends are not reached within `timeout_s`.
+    """
+    todo = {p: end for p, end in ends.items() if end > 0}
+    if not todo:
+        return
+    consumer = Consumer(reader_conf(conf))
+    try:
+        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in todo])
+        deadline = time.monotonic() + timeout_s
+        while todo:
+            if time.monotonic() > deadline:
+                raise ReplayTimeoutError(
+                    f"reading {topic} did not reach offsets {todo} within {timeout_s:.0f}s"
+                )
+            for msg in consumer.consume(500, 0.2):
+                err = msg.error()
+                if err is not None:
+                    if err.code() == KafkaError._PARTITION_EOF:
+                        continue
+                    raise ReplayTimeoutError(f"reading {topic}: {err}")
+                p = int(msg.partition() or 0)
+                end = todo.get(p)
+                off = int(msg.offset() or 0)
+                if end is None:
+                    continue
+                if off < end:
+                    yield msg
+                if off + 1 >= end:
+                    del todo[p]
+                    if todo:
+                        consumer.incremental_unassign([TopicPartition(topic, p)])
+    finally:
+        consumer.close()

@@ -1,0 +1,348 @@
+"""Group commit: many entries per Kafka record, several records in flight.
+
+`GroupWriter.append(lsn, payload)`, numbered as it runs:
+
+1. refuse when the writer failed (fenced, broker lost): the future fails at once;
+2. wait, bounded by `append_timeout_s`, until the window has room for `lsn`
+   (`WindowTimeoutError` otherwise; the LSN is then not consumed);
+3. add the entry to the open group and register its future with the window;
+4. issue the group as one record when it is full (`group_max_entries`,
+   `group_max_bytes`) or when fewer than `max_in_flight` records are in
+   flight: one appender gets one-entry records at once, many appenders get
+   groups that fill while earlier records are in flight (adaptive group commit).
+
+Issuing a record: round-robin partition; headers carry epoch, first LSN, count
+and the window's contiguous acknowledged LSN at that moment.
+
+Delivery (on the pump thread): a durable record is noted in the map and the
+window; futures the window acknowledges are completed **in LSN order** by the
+pump (results only: done-callbacks always run on the writer's completion
+thread, so no user code runs on the pump or under the writer's lock). A failed delivery, or an entry unacknowledged for longer
+than `append_timeout_s` (the watchdog `tick`), fails the writer: every pending
+future fails, later appends fail at once. Nothing is acknowledged that was not
+durable with all entries before it.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass
+
+from confluent_kafka import KafkaError, Message, Producer
+
+from tn.logstore.driver import LogClosedError
+from tn.logstore.kafka_backend.exceptions import (
+    AppendFailedError,
+    AppendTimeoutError,
+    WindowTimeoutError,
+)
+from tn.logstore.kafka_backend.headers import FRAME_OVERHEAD, encode_entries, entries_headers
+from tn.logstore.kafka_backend.replay import RecordInfo, Segment
+from tn.logstore.kafka_backend.window import Window
+
+GROWTH = 4  # a busy writer's next record waits for GROWTH ** in_flight entries
+
+_Issue = tuple[int, list[bytes], int, int]  # first LSN, payloads, partition, acked
+_Callback = tuple[Callable[[Future[int]], object], Future[int]]
+
+
+class WalFuture(Future[int]):
+    """The future `append` returns. Its done-callbacks never run on the thread that completes
+    it: they are handed to the writer's completion thread (in completion order there), so the
+    pump thread can set results without ever running user code, and a callback may append
+    (even wait for the window) without blocking acknowledgements."""
+
+    def __init__(self, dispatch: Callable[[_Callback], None]) -> None:
+        super().__init__()
+        self._dispatch = dispatch
+
+    def add_done_callback(self, fn: Callable[[Future[int]], object]) -> None:
+        dispatch = self._dispatch
+        super().add_done_callback(lambda f: dispatch((fn, f)))
+
+
+@dataclass(frozen=True)
+class WriterSettings:
+    window: int
+    group_max_entries: int
+    group_max_bytes: int
+    max_in_flight: int
+    append_timeout_s: float
+
+
+class GroupWriter:
+    """Issues groups of entries as WAL records and acknowledges them in LSN order."""
+
+    def __init__(
+        self,
+        producer: Producer,
+        topic: str,
+        partitions: Sequence[int],
+        epoch: int,
+        writer_id: str,
+        acked: int,
+        settings: WriterSettings,
+    ) -> None:
+        self._producer = producer
+        self._topic = topic
+        self._partitions = list(partitions)
+        self._epoch = epoch
+        self._writer_id = writer_id
+        self._s = settings
+        self._cond = threading.Condition(threading.Lock())  # not reentrant: cheaper
+        self._window = Window(settings.window, acked)
+        self._next = acked + 1
+        self._group: list[bytes] = []
+        self._group_first = acked + 1
+        self._group_bytes = 0
+        self._in_flight = 0
+        self._rr = 0
+        self._failed: BaseException | None = None
+        self._closed = False
+        # The (partition, offset) <-> LSN map of this writer's durable records.
+        self.records: list[RecordInfo] = []
+        self.segments: list[Segment] = []  # sorted by first
+        self._next_tick = 0.0
+        # Whoever sets results holds this lock, taken while holding _cond: results are set
+        # in LSN order (successes by the pump, failures by whoever fails the writer).
+        self._complete_lock = threading.Lock()
+        self._callbacks: queue.SimpleQueue[_Callback | None] = queue.SimpleQueue()
+        self._callbacks_open = True
+        self._completer = threading.Thread(
+            target=self._complete_loop, name="kwal-wal-complete", daemon=True
+        )
+        self._completer.start()
+
+    # -- state ---------------------------------------------------------------
+
+    @property
+    def acked(self) -> int:
+        with self._cond:
+            return self._window.acked
+
+    @property
+    def next_lsn(self) -> int:
+        with self._cond:
+            return self._next
+
+    @property
+    def failure(self) -> BaseException | None:
+        return self._failed
+
+    def lock(self) -> threading.Condition:
+        return self._cond
+
+    # -- append --------------------------------------------------------------
+
+    def append(self, lsn: int, payload: bytes) -> Future[int]:
+        future = WalFuture(self._dispatch)
+        with self._cond:
+            # 1. refuse on failure / close
+            if self._closed:
+                future.set_exception(LogClosedError("Kafka WAL driver is closed"))
+                return future
+            if self._failed is not None:
+                future.set_exception(self._failed)
+                return future
+            if lsn != self._next:
+                raise ValueError(f"append of LSN {lsn}, expected {self._next}")
+            # 2. the window
+            deadline = time.monotonic() + self._s.append_timeout_s
+            while not self._window.room_for(lsn) and self._failed is None and not self._closed:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise WindowTimeoutError(
+                        f"append of LSN {lsn} waited {self._s.append_timeout_s:.1f}s for the "
+                        f"window: LSN {self._window.acked + 1} is still unacknowledged and the "
+                        f"window is {self._window.size}"
+                    )
+                self._cond.wait(left)
+            if self._closed or self._failed is not None:
+                future.set_exception(self._failed or LogClosedError("Kafka WAL driver is closed"))
+                return future
+            # 3. join the open group
+            self._group.append(payload)
+            self._group_bytes += len(payload) + FRAME_OVERHEAD
+            self._window.admit(lsn, future, time.monotonic())
+            self._next = lsn + 1
+            # 4. issue when full or when a record slot is free
+            issue = self._take_group_locked() if self._group_ready_locked() else None
+        if issue is not None:
+            self._produce(issue)
+        return future
+
+    def _group_ready_locked(self) -> bool:
+        """Issue the open group now? Full groups always go; otherwise a free record slot is
+        taken only by a group of at least GROWTH ** in_flight entries: an idle writer sends a
+        lone entry at once, a busy one sends fewer, fuller records (several still in flight)."""
+        n = len(self._group)
+        if n >= self._s.group_max_entries or self._group_bytes >= self._s.group_max_bytes:
+            return True
+        return self._in_flight < self._s.max_in_flight and n >= GROWTH**self._in_flight
+
+    def _take_group_locked(self) -> _Issue | None:
+        """Close the open group as the next record (under the lock); `_produce` sends it."""
+        if not self._group or self._failed is not None:
+            return None
+        first, payloads = self._group_first, self._group
+        self._group = []
+        self._group_bytes = 0
+        self._group_first = first + len(payloads)
+        partition = self._partitions[self._rr % len(self._partitions)]
+        self._rr += 1
+        self._in_flight += 1
+        return first, payloads, partition, self._window.acked
+
+    def _produce(self, issue: _Issue) -> None:
+        """Encode and produce a record, outside the lock (records may be produced in any
+        order: the window orders acknowledgements)."""
+        first, payloads, partition, acked = issue
+        count = len(payloads)
+        value = encode_entries(payloads)
+        headers = entries_headers(self._epoch, first, count, acked, self._writer_id)
+        size = len(value)
+
+        def on_delivery(err: KafkaError | None, msg: Message) -> None:
+            self._delivered(err, msg, first, count, size)
+
+        try:
+            self._producer.produce(
+                self._topic,
+                value=value,
+                partition=partition,
+                headers=headers,
+                on_delivery=on_delivery,
+            )
+        except Exception as e:  # any produce failure (BufferError, KafkaException) fails the writer
+            with self._cond:
+                self._in_flight -= 1
+                self._fail_locked(
+                    AppendFailedError(f"cannot produce WAL record at LSN {first}: {e}")
+                )
+
+    # -- delivery and completion ---------------------------------------------
+
+    def _delivered(
+        self, err: KafkaError | None, msg: Message, first: int, count: int, size: int
+    ) -> None:
+        with self._cond:
+            self._in_flight -= 1
+            if err is not None:
+                self._fail_locked(
+                    AppendFailedError(
+                        f"WAL record LSN {first}..{first + count - 1} was not made durable: {err}"
+                    )
+                )
+                return
+            if self._failed is not None:
+                return
+            p, off = int(msg.partition() or 0), int(msg.offset() or 0)
+            _, ts = msg.timestamp()
+            last = first + count - 1
+            self.records.append(RecordInfo(p, off, last, int(ts), size))
+            bisect.insort(self.segments, Segment(first, last, p, off, 0), key=lambda s: s.first)
+            done = self._window.durable(first, last)
+            issue = self._take_group_locked() if self._group_ready_locked() else None
+            self._cond.notify_all()
+            if done:
+                # Taken before _cond is released: no failure can complete a later LSN first.
+                self._complete_lock.acquire()
+        if done:
+            try:
+                for lsn, fut in done:  # LSN order; runs no user code (callbacks are dispatched)
+                    if not fut.done():
+                        fut.set_result(lsn)
+            finally:
+                self._complete_lock.release()
+        if issue is not None:  # after releasing _complete_lock: _produce may take _cond
+            self._produce(issue)
+
+    def _dispatch(self, item: _Callback) -> None:
+        """Hand a done-callback to the completion thread; run it here once that has ended."""
+        if self._callbacks_open:
+            self._callbacks.put(item)
+            return
+        fn, fut = item
+        try:
+            fn(fut)
+        except Exception:  # noqa: BLE001 - like Future: a callback's error is logged only
+            logging.getLogger(__name__).exception("WAL append callback raised")
+
+    def _complete_loop(self) -> None:
+        """The completion thread: runs done-callbacks, in the order futures completed."""
+        while True:
+            item = self._callbacks.get()
+            if item is None:
+                return
+            fn, fut = item
+            try:
+                fn(fut)
+            except Exception:  # noqa: BLE001 - like Future: a callback's error is logged only
+                logging.getLogger(__name__).exception("WAL append callback raised")
+
+    def _fail_locked(self, exc: BaseException) -> None:
+        if self._failed is None:
+            self._failed = exc
+        self._group = []
+        self._group_bytes = 0
+        failed = self._window.fail_all()
+        if failed:
+            with self._complete_lock:  # after any success the pump is still setting
+                for fut in failed:
+                    if not fut.done():
+                        fut.set_exception(self._failed)
+        self._cond.notify_all()
+
+    def fail(self, exc: BaseException) -> None:
+        with self._cond:
+            self._fail_locked(exc)
+
+    def tick(self) -> None:
+        """Watchdog (pump thread): fail when the oldest entry waits past append_timeout_s."""
+        now = time.monotonic()
+        if now < self._next_tick:
+            return
+        self._next_tick = now + 0.05
+        with self._cond:
+            since = self._window.oldest_pending_since()
+            if since is not None and time.monotonic() - since > self._s.append_timeout_s:
+                self._fail_locked(
+                    AppendTimeoutError(
+                        f"LSN {self._window.acked + 1} was not acknowledged by the broker within "
+                        f"{self._s.append_timeout_s:.1f}s (broker lost?); it and every later "
+                        "entry are not acknowledged"
+                    )
+                )
+
+    # -- close ---------------------------------------------------------------
+
+    def close(self, timeout_s: float) -> None:
+        """Issue what is open, wait (bounded) for acknowledgements, fail the rest."""
+        with self._cond:
+            issue = None if self._closed else self._take_group_locked()
+        if issue is not None:
+            self._produce(issue)
+        with self._cond:
+            if not self._closed:
+                deadline = time.monotonic() + timeout_s
+                while self._window.pending() and self._failed is None:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        break
+                    self._cond.wait(min(left, 0.1))
+                self._closed = True
+                if self._window.pending():
+                    self._fail_locked(
+                        LogClosedError("Kafka WAL driver closed before the entry was acknowledged")
+                    )
+                self._cond.notify_all()
+        self._callbacks_open = False
+        self._callbacks.put(None)
+        if threading.current_thread() is not self._completer:
+            self._completer.join(timeout_s)
