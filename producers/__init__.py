@@ -1,0 +1,25 @@
+"""The client library services use to send transactions to kwal and await results."""
+
+from producers.client import Client, CommitResult, Transaction
+from producers.exceptions import (
+    AbortedError,
+    ClientClosedError,
+    ConflictError,
+    PermissionDenied,
+    ProducerError,
+    TimeoutError,
+    ValidationError,
+)
+
+__all__ = [
+    "AbortedError",
+    "Client",
+    "ClientClosedError",
+    "CommitResult",
+    "ConflictError",
+    "PermissionDenied",
+    "ProducerError",
+    "TimeoutError",
+    "Transaction",
+    "ValidationError",
+]

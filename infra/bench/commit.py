@@ -1,0 +1,284 @@
+"""`kwal bench commit`: committed transactions/s and client-observed commit latency.
+
+The real path: `producers.Client` -> requests topic -> TN (a subprocess, WAL on
+cfg.wal.backend; file in a temp dir by default) -> WAL -> results topic ->
+client. For 1, 16 and 64 concurrent clients (each its own `Client`, with one
+1-row insert transaction in flight at a time: the next is sent when the
+previous one's result arrives) for `--seconds` each.
+
+Then the same work with Kafka's own transactions: per concurrent client one
+transactional producer, one transaction (begin, produce one record, commit)
+per write. If the broker lacks transactions, the JSON says so
+(``kafka_txn_supported: false`` and the error).
+
+Prints ONE JSON line: ``tps_<n>``, ``p50_ms_<n>``, ``p99_ms_<n>``,
+``kafka_txn_tps_<n>`` ..., and ``vs_kafka_txn_64`` (kwal's rate at 64 clients
+divided by the Kafka-transactions rate at 64). If nothing answers at
+cfg.bootstrap, the embedded broker is started for the run and stopped after.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+from confluent_kafka import KafkaException, Producer
+
+from infra.bench.report import emit, percentile, ratio
+from infra.config import KwalConfig
+
+CLIENTS = (1, 16, 64)
+DB, TABLE = "bench", "t"
+
+
+def _log(msg: str) -> None:
+    print(f"[bench commit] {msg}", file=sys.stderr, flush=True)
+
+
+def _broker_up(bootstrap: str) -> bool:
+    from infra.broker import metadata_ok
+
+    try:
+        return metadata_ok(bootstrap, timeout_s=2.0)
+    except Exception:  # noqa: BLE001 - nothing there
+        return False
+
+
+def _measure(
+    n: int, seconds: float, make_worker: Callable[[int], Callable[[], None]]
+) -> tuple[int, float, list[float], int]:
+    """Run n workers, each calling its op in a loop for `seconds`.
+    Returns (ops done, elapsed s, latencies in ms, errors)."""
+    stop = threading.Event()
+    lat: list[list[float]] = [[] for _ in range(n)]
+    errors = [0] * n
+    ops = [make_worker(i) for i in range(n)]
+    barrier = threading.Barrier(n + 1)
+
+    def loop(i: int) -> None:
+        op = ops[i]
+        mine = lat[i]
+        barrier.wait()
+        while not stop.is_set():
+            t0 = time.perf_counter()
+            try:
+                op()
+            except Exception:  # noqa: BLE001 - counted, not fatal
+                errors[i] += 1
+                continue
+            mine.append((time.perf_counter() - t0) * 1000)
+
+    threads = [threading.Thread(target=loop, args=(i,), daemon=True) for i in range(n)]
+    for t in threads:
+        t.start()
+    barrier.wait()
+    start = time.perf_counter()
+    time.sleep(seconds)
+    stop.set()
+    for t in threads:
+        t.join(timeout=60)
+    elapsed = time.perf_counter() - start
+    samples = [x for xs in lat for x in xs]
+    return len(samples), elapsed, samples, sum(errors)
+
+
+def _measure_chained(
+    n: int, seconds: float, start: Callable[[int], Future[Any]]
+) -> tuple[int, float, list[float], int]:
+    """n clients, each with exactly one transaction in flight: when one's result
+    arrives (a future callback) it records the latency and sends its next one.
+    Same load as n threads blocking on commit(), without n Python threads
+    fighting for the GIL in the benchmark process itself."""
+    stop = threading.Event()
+    lock = threading.Lock()
+    samples: list[float] = []
+    errors = [0]
+    active = [n]
+    idle = threading.Event()
+
+    def launch(i: int) -> None:
+        t0 = time.perf_counter()
+        try:
+            fut = start(i)
+        except Exception:  # noqa: BLE001 - counted
+            with lock:
+                errors[0] += 1
+                active[0] -= 1
+                if not active[0]:
+                    idle.set()
+            return
+        fut.add_done_callback(lambda f: done(i, t0, f))
+
+    def done(i: int, t0: float, fut: Future[Any]) -> None:
+        ms = (time.perf_counter() - t0) * 1000
+        with lock:
+            if fut.exception() is None:
+                samples.append(ms)
+            else:
+                errors[0] += 1
+            if stop.is_set():
+                active[0] -= 1
+                if not active[0]:
+                    idle.set()
+                return
+        launch(i)
+
+    t_start = time.perf_counter()
+    for i in range(n):
+        launch(i)
+    time.sleep(seconds)
+    with lock:
+        stop.set()
+        counted = len(samples)
+    elapsed = time.perf_counter() - t_start
+    idle.wait(60)
+    return counted, elapsed, samples[:counted], errors[0]
+
+
+def _bench_kwal(cfg: KwalConfig, seconds: float, out: dict[str, Any], workdir: Path) -> None:
+    from infra.topics import ensure_topics
+    from producers import Client
+    from tn.service.process import TnProcess
+
+    ensure_topics(cfg)
+    tn = TnProcess(cfg, workdir)
+    tn.start()
+    clients: list[Client] = []
+    try:
+        setup = Client(cfg, client_id="bench-setup")
+        clients.append(setup)
+        txn = setup.begin()
+        txn.create_database(DB)
+        txn.create_table(f"{DB}.{TABLE}", [("id", "int64"), ("v", "int64")], "id")
+        txn.commit(timeout=60)
+        ids = itertools.count(1)
+        for _ in range(50):  # warm up both sides
+            setup.begin().insert(f"{DB}.{TABLE}", [{"id": next(ids), "v": 0}]).commit(timeout=60)
+        for n in CLIENTS:
+            workers = [Client(cfg, client_id=f"bench-{n}-{i}") for i in range(n)]
+            clients.extend(workers)
+
+            def start(i: int, workers: list[Client] = workers) -> Future[Any]:
+                c = workers[i]
+                return c.begin().insert(f"{DB}.{TABLE}", [{"id": next(ids), "v": i}]).commit_async()
+
+            done, elapsed, samples, errors = _measure_chained(n, seconds, start)
+            out[f"tps_{n}"] = round(done / elapsed, 1)
+            out[f"p50_ms_{n}"] = round(percentile(samples, 50), 2)
+            out[f"p99_ms_{n}"] = round(percentile(samples, 99), 2)
+            out[f"errors_{n}"] = errors
+            _log(
+                f"kwal {n} clients: {out[f'tps_{n}']} txn/s p50 {out[f'p50_ms_{n}']} ms p99 {out[f'p99_ms_{n}']} ms"
+            )
+    finally:
+        for c in clients:
+            c.close()
+        try:
+            tn.terminate()
+        except Exception:  # noqa: BLE001
+            tn.kill()
+
+
+def _bench_kafka_txn(cfg: KwalConfig, seconds: float, out: dict[str, Any]) -> None:
+    topic = cfg.topics.name("bench-kafka-txn")
+    from infra.topics import TopicSpec, ensure_topics
+
+    ensure_topics(cfg, [TopicSpec(topic, 1, {"cleanup.policy": "delete"})])
+    run_id = uuid.uuid4().hex[:8]
+    try:
+        probe = _txn_producer(cfg, f"kwal-bench-{run_id}-probe")
+        probe.begin_transaction()
+        probe.produce(topic, value=b"probe")
+        probe.commit_transaction(30)
+    except KafkaException as e:
+        out["kafka_txn_supported"] = False
+        out["kafka_txn_error"] = str(e)
+        _log(f"broker lacks transactions: {e}")
+        return
+    out["kafka_txn_supported"] = True
+    for n in CLIENTS:
+        producers: list[Producer | None] = [None] * n
+
+        def init(i: int, n: int = n, producers: list[Producer | None] = producers) -> None:
+            producers[i] = _txn_producer(cfg, f"kwal-bench-{run_id}-{n}-{i}")
+
+        t0 = time.perf_counter()
+        inits = [threading.Thread(target=init, args=(i,)) for i in range(n)]
+        for t in inits:
+            t.start()
+        for t in inits:
+            t.join()
+        out[f"kafka_txn_init_s_{n}"] = round(time.perf_counter() - t0, 2)
+
+        def make(i: int, producers: list[Producer | None] = producers) -> Callable[[], None]:
+            p = producers[i]
+            assert p is not None
+            payload = b"x" * 64
+
+            def op() -> None:
+                p.begin_transaction()
+                p.produce(topic, value=payload, key=str(i))
+                p.commit_transaction(30)
+
+            return op
+
+        done, elapsed, samples, errors = _measure(n, seconds, make)
+        out[f"kafka_txn_tps_{n}"] = round(done / elapsed, 1)
+        out[f"kafka_txn_p50_ms_{n}"] = round(percentile(samples, 50), 2)
+        out[f"kafka_txn_p99_ms_{n}"] = round(percentile(samples, 99), 2)
+        out[f"kafka_txn_errors_{n}"] = errors
+        _log(
+            f"kafka txn {n} clients: {out[f'kafka_txn_tps_{n}']} txn/s p50 {out[f'kafka_txn_p50_ms_{n}']} ms"
+        )
+        for p in producers:
+            if p is not None:
+                p.flush(5)
+
+
+def _txn_producer(cfg: KwalConfig, txn_id: str) -> Producer:
+    p = Producer(cfg.kafka_client(**{"transactional.id": txn_id, "linger.ms": 0, "acks": "all"}))
+    p.init_transactions(30)
+    return p
+
+
+def run(args: Any, cfg: KwalConfig) -> int:
+    seconds = float(getattr(args, "seconds", 5.0) or 5.0)
+    workdir = Path(tempfile.mkdtemp(prefix="kwal-bench-commit-"))
+    broker = None
+    out: dict[str, Any] = {"bench": "commit", "seconds": seconds, "clients": list(CLIENTS)}
+    if not _broker_up(cfg.bootstrap):
+        from infra.broker import start_broker
+
+        _log(f"nothing at {cfg.bootstrap}: starting the embedded broker")
+        broker = start_broker(workdir / "logs")
+        cfg = cfg.with_bootstrap(broker.address)
+        out["broker"] = "embedded"
+    else:
+        out["broker"] = cfg.bootstrap
+    topics = dataclasses.replace(cfg.topics, prefix=f"bench-{uuid.uuid4().hex[:8]}")
+    wal = dataclasses.replace(cfg.wal)
+    if wal.backend == "file":
+        wal.dir = str(workdir / "wal")
+    cfg = dataclasses.replace(cfg, topics=topics, wal=wal)
+    out["wal_backend"] = wal.backend
+    try:
+        _bench_kwal(cfg, seconds, out, workdir)
+        _bench_kafka_txn(cfg, seconds, out)
+        if out.get("kafka_txn_supported"):
+            out["vs_kafka_txn_64"] = ratio(out["tps_64"], out["kafka_txn_tps_64"])
+        else:
+            out["vs_kafka_txn_64"] = None
+    finally:
+        if broker is not None:
+            broker.stop()
+    emit(out)
+    return 0

@@ -1,0 +1,432 @@
+"""The producers client: send transactions to the TN over Kafka and await results.
+
+    client = Client(cfg)                       # one per service is plenty
+    txn = client.begin()
+    txn.create_table("shop.orders", [("id", "int64"), ("amount", "float64")], "id")
+    txn.insert("shop.orders", [{"id": 1, "amount": 9.5}])
+    result = txn.commit(timeout=10)            # CommitResult(commit_ts, request_id)
+    future = other_txn.commit_async()          # Future[CommitResult]
+
+How results come back: every Client in a process shares (per bootstrap and
+results topic) ONE Kafka producer and ONE results reader thread. The reader
+`assign()`s the results topic's partitions at their high watermark read
+*when the reader starts*, before any request of this process is sent. The
+embedded broker's reported high watermark can lag the true end, never lead
+it, so starting there can only re-read some older results, never miss a new
+one; results whose request id this process did not issue (or gave up
+waiting for) are ignored. A request's future is registered before the
+request is produced, so a result can never arrive unrouted.
+
+Request ids are uuid4 hex strings; the TN deduplicates on them.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass
+from typing import Any, TypeAlias
+
+import pyarrow as pa
+from confluent_kafka import Consumer, Producer, TopicPartition
+
+from infra.config import KwalConfig
+from producers.exceptions import (
+    ClientClosedError,
+    ProducerError,
+    TimeoutError,
+    ValidationError,
+    error_for,
+)
+from schemas.requests import (
+    Column,
+    OpKind,
+    TxnOp,
+    TxnRequest,
+    decode_result,
+    encode_request,
+)
+
+# How long the broker may hold a fetch when no data is there. Every commit
+# crosses two such fetches (request to TN, result to client). Measured on the
+# embedded broker: while a fetch is held, produce acknowledgements wait too
+# (one produce->consume hop: ~17 ms at 50, ~2-3 ms at 10, with a worse p99 at
+# 10). 25 is the compromise; override with KWAL_FETCH_WAIT_MS.
+FETCH_WAIT_MS = int(os.environ.get("KWAL_FETCH_WAIT_MS", "25"))
+Rows: TypeAlias = pa.Table | pa.RecordBatch | Sequence[Mapping[str, Any]] | Sequence[Sequence[Any]]
+
+
+@dataclass(frozen=True, slots=True)
+class CommitResult:
+    commit_ts: int
+    request_id: str
+
+
+def split_table(name: str) -> tuple[str, str]:
+    database, dot, table = name.partition(".")
+    if not dot or not database or not table:
+        raise ValueError(f"table must be named 'database.table', got {name!r}")
+    return database, table
+
+
+def to_arrow(rows: Rows, columns: Sequence[str] | None = None) -> pa.Table:
+    """Rows as an Arrow table: an Arrow table/batch as is, a list of dicts, or a
+    list of lists/tuples whose column order `columns` gives."""
+    if isinstance(rows, pa.Table):
+        return rows
+    if isinstance(rows, pa.RecordBatch):
+        return pa.Table.from_batches([rows])
+    items: list[Any] = list(rows)
+    if not items:
+        return pa.table({c: pa.array([], pa.null()) for c in columns or ()})
+    if isinstance(items[0], Mapping):
+        return pa.Table.from_pylist([dict(r) for r in items])
+    if columns is None:
+        raise ValueError("rows given as lists need columns=[...] naming their order")
+    cols = list(columns)
+    data: dict[str, list[Any]] = {c: [] for c in cols}
+    for r in items:
+        values = list(r)
+        if len(values) != len(cols):
+            raise ValueError(f"row {values!r} has {len(values)} values, expected {len(cols)}")
+        for c, v in zip(cols, values, strict=True):
+            data[c].append(v)
+    return pa.table(data)
+
+
+def poll_batch(consumer: Consumer, max_messages: int, timeout: float) -> list[Any]:
+    """Wait up to `timeout` for the first message, then take what is already
+    fetched without waiting (`consume(n, timeout)` would wait the whole timeout
+    for n messages)."""
+    first = consumer.poll(timeout)
+    if first is None:
+        return []
+    return [first, *consumer.consume(max_messages - 1, timeout=0)]
+
+
+# ---- process-wide Kafka plumbing ------------------------------------------------------------
+
+
+class _SharedProducer:
+    """One producer per (Kafka settings) per process, with a poll thread."""
+
+    _lock = threading.Lock()
+    _instances: dict[tuple[tuple[str, str], ...], _SharedProducer] = {}
+
+    def __init__(self, conf: dict[str, Any]) -> None:
+        self.producer = Producer(conf)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, name="kwal-producer-poll", daemon=True)
+        self._thread.start()
+
+    def _poll(self) -> None:
+        while not self._stop.is_set():
+            self.producer.poll(0.05)
+
+    @classmethod
+    def get(cls, cfg: KwalConfig) -> Producer:
+        conf = cfg.kafka_client(
+            **{
+                "linger.ms": 2,
+                "acks": "all",
+                "enable.idempotence": True,
+                "queue.buffering.max.messages": 200_000,
+            }
+        )
+        key = tuple(sorted((str(k), str(v)) for k, v in conf.items()))
+        with cls._lock:
+            inst = cls._instances.get(key)
+            if inst is None:
+                inst = cls._instances[key] = cls(conf)
+            return inst.producer
+
+
+class _ResultRouter:
+    """The results reader shared by every Client on the same topic and cluster."""
+
+    _lock = threading.Lock()
+    _instances: dict[tuple[str, str], _ResultRouter] = {}
+
+    def __init__(self, cfg: KwalConfig, topic: str, timeout_s: float) -> None:
+        self.topic = topic
+        self._key = (cfg.bootstrap, topic)
+        self._pending: dict[str, Future[CommitResult]] = {}
+        self._plock = threading.Lock()
+        self._refs = 0
+        self._stop = threading.Event()
+        self._consumer = Consumer(
+            cfg.kafka_client(
+                **{
+                    "group.id": f"kwal-producers-{uuid.uuid4().hex[:8]}",
+                    "enable.auto.commit": False,
+                    "enable.auto.offset.store": False,
+                    "fetch.wait.max.ms": FETCH_WAIT_MS,
+                    "fetch.min.bytes": 1,
+                    "enable.partition.eof": False,
+                }
+            )
+        )
+        self._consumer.assign(self._end_positions(timeout_s))
+        self._thread = threading.Thread(target=self._run, name="kwal-results", daemon=True)
+        self._thread.start()
+
+    def _end_positions(self, timeout_s: float) -> list[TopicPartition]:
+        deadline = time.monotonic() + timeout_s
+        last: Exception | None = None
+        while time.monotonic() < deadline:
+            try:
+                md = self._consumer.list_topics(
+                    self.topic, timeout=max(0.5, deadline - time.monotonic())
+                )
+                t = md.topics.get(self.topic)
+                if t is None or t.error is not None or not t.partitions:
+                    raise ProducerError(
+                        f"results topic {self.topic} does not exist", code="no_topic"
+                    )
+                out = []
+                for p in sorted(t.partitions):
+                    _, high = self._consumer.get_watermark_offsets(
+                        TopicPartition(self.topic, p), timeout=max(0.5, deadline - time.monotonic())
+                    )
+                    out.append(TopicPartition(self.topic, p, max(0, high)))
+                return out
+            except Exception as e:  # topic not there yet, broker starting
+                last = e
+                time.sleep(0.2)
+        raise ProducerError(f"cannot read the results topic {self.topic}: {last}", code="no_topic")
+
+    @classmethod
+    def acquire(cls, cfg: KwalConfig, timeout_s: float) -> _ResultRouter:
+        key = (cfg.bootstrap, cfg.topics.results)
+        with cls._lock:
+            inst = cls._instances.get(key)
+            if inst is None or inst._stop.is_set():
+                inst = cls._instances[key] = cls(cfg, cfg.topics.results, timeout_s)
+            inst._refs += 1
+            return inst
+
+    def release(self) -> None:
+        with self._lock:
+            self._refs -= 1
+            if self._refs > 0:
+                return
+            self._stop.set()
+            if self._instances.get(self._key) is self:
+                del self._instances[self._key]
+        self._thread.join(timeout=5)
+        self._consumer.close()
+        with self._plock:
+            pending, self._pending = self._pending, {}
+        for fut in pending.values():
+            if not fut.done():
+                fut.set_exception(ClientClosedError("client closed before the result arrived"))
+
+    def register(self, request_id: str) -> Future[CommitResult]:
+        fut: Future[CommitResult] = Future()
+        with self._plock:
+            self._pending[request_id] = fut
+        return fut
+
+    def forget(self, request_id: str) -> None:
+        with self._plock:
+            self._pending.pop(request_id, None)
+
+    def fail(self, request_id: str, error: ProducerError) -> None:
+        with self._plock:
+            fut = self._pending.pop(request_id, None)
+        if fut is not None and not fut.done():
+            fut.set_exception(error)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                msgs = poll_batch(self._consumer, 1000, 0.1)
+            except Exception:  # consumer closed under us, broker gone
+                if self._stop.is_set():
+                    return
+                time.sleep(0.1)
+                continue
+            for msg in msgs:
+                if msg.error() is not None:
+                    continue
+                self._route(msg.value())
+
+    def _route(self, value: bytes | None) -> None:
+        if not value:
+            return
+        try:
+            res = decode_result(value)
+        except Exception:
+            return  # not ours to judge; a result we cannot read routes nowhere
+        with self._plock:
+            fut = self._pending.pop(res.request_id, None)
+        if fut is None or fut.done():
+            return
+        if res.committed:
+            fut.set_result(CommitResult(res.commit_ts, res.request_id))
+        else:
+            fut.set_exception(error_for(res.kind.value, res.reason, res.message, res.request_id))
+
+
+# ---- the public API ------------------------------------------------------------------------
+
+
+class Client:
+    """A producer of transactions. Thread-safe: many transactions may be built
+    and committed concurrently from many threads."""
+
+    def __init__(
+        self, cfg: KwalConfig, client_id: str | None = None, *, start_timeout_s: float = 15.0
+    ) -> None:
+        self.cfg = cfg
+        self.client_id = client_id or f"client-{uuid.uuid4().hex[:12]}"
+        self._producer = _SharedProducer.get(cfg)
+        self._router = _ResultRouter.acquire(cfg, start_timeout_s)
+        self._closed = False
+
+    def begin(self) -> Transaction:
+        if self._closed:
+            raise ClientClosedError("client is closed")
+        return Transaction(self)
+
+    def _send(self, req: TxnRequest) -> Future[CommitResult]:
+        if self._closed:
+            raise ClientClosedError("client is closed")
+        payload = encode_request(req)
+        fut = self._router.register(req.request_id)
+        router = self._router
+        rid = req.request_id
+
+        def delivered(err: Any, _msg: Any) -> None:
+            if err is not None:
+                router.fail(
+                    rid,
+                    ProducerError(
+                        f"request not delivered: {err}", code="delivery_failed", request_id=rid
+                    ),
+                )
+
+        while True:
+            try:
+                self._producer.produce(
+                    self.cfg.topics.requests,
+                    value=payload,
+                    key=self.client_id,
+                    on_delivery=delivered,
+                )
+                break
+            except BufferError:
+                time.sleep(0.005)
+        return fut
+
+    def _forget(self, request_id: str) -> None:
+        self._router.forget(request_id)
+
+    def flush(self, timeout: float = 10.0) -> None:
+        self._producer.flush(timeout)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._producer.flush(10)
+        self._router.release()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class Transaction:
+    """Operations collected locally; sent as one TxnRequest by commit()."""
+
+    def __init__(self, client: Client) -> None:
+        self._client = client
+        self._ops: list[TxnOp] = []
+        self._sent = False
+        self.request_id = uuid.uuid4().hex
+
+    def _add(self, op: TxnOp) -> Transaction:
+        if self._sent:
+            raise ProducerError("transaction already committed", code="already_committed")
+        self._ops.append(op)
+        return self
+
+    # DDL
+    def create_database(self, name: str) -> Transaction:
+        return self._add(TxnOp(OpKind.CREATE_DATABASE, name))
+
+    def drop_database(self, name: str) -> Transaction:
+        return self._add(TxnOp(OpKind.DROP_DATABASE, name))
+
+    def create_table(
+        self,
+        name: str,
+        columns: Sequence[tuple[str, str]] | Mapping[str, str],
+        primary_key: str,
+    ) -> Transaction:
+        db, table = split_table(name)
+        items = list(columns.items()) if isinstance(columns, Mapping) else list(columns)
+        cols = tuple(Column(c, t) for c, t in items)
+        return self._add(TxnOp(OpKind.CREATE_TABLE, db, table, cols, primary_key))
+
+    def drop_table(self, name: str) -> Transaction:
+        db, table = split_table(name)
+        return self._add(TxnOp(OpKind.DROP_TABLE, db, table))
+
+    def add_column(self, name: str, column: str, type: str) -> Transaction:
+        db, table = split_table(name)
+        return self._add(TxnOp(OpKind.ADD_COLUMN, db, table, (Column(column, type),)))
+
+    def drop_column(self, name: str, column: str) -> Transaction:
+        db, table = split_table(name)
+        return self._add(TxnOp(OpKind.DROP_COLUMN, db, table, (Column(column, ""),)))
+
+    # DML
+    def insert(self, table: str, rows: Rows, columns: Sequence[str] | None = None) -> Transaction:
+        db, t = split_table(table)
+        return self._add(TxnOp(OpKind.INSERT, db, t, rows=to_arrow(rows, columns)))
+
+    def update(self, table: str, rows: Rows, columns: Sequence[str] | None = None) -> Transaction:
+        """Replace whole rows by primary key (delete + insert on the TN)."""
+        db, t = split_table(table)
+        return self._add(TxnOp(OpKind.UPDATE, db, t, rows=to_arrow(rows, columns)))
+
+    def delete(self, table: str, keys: Sequence[Any]) -> Transaction:
+        db, t = split_table(table)
+        return self._add(TxnOp(OpKind.DELETE, db, t, keys=tuple(keys)))
+
+    # commit
+    def commit_async(self) -> Future[CommitResult]:
+        if self._sent:
+            raise ProducerError("transaction already committed", code="already_committed")
+        if not self._ops:
+            raise ValidationError("empty transaction", code="empty_transaction")
+        self._sent = True
+        req = TxnRequest(
+            request_id=self.request_id,
+            client_id=self._client.client_id,
+            ops=tuple(self._ops),
+            sent_at_ms=int(time.time() * 1000),
+        )
+        return self._client._send(req)
+
+    def commit(self, timeout: float | None = 30.0) -> CommitResult:
+        """Send and wait. Raises ConflictError, ValidationError, TimeoutError
+        (outcome unknown), or another ProducerError."""
+        fut = self.commit_async()
+        try:
+            return fut.result(timeout=timeout)
+        except FutureTimeout:
+            self._client._forget(self.request_id)
+            raise TimeoutError(
+                f"no result for request {self.request_id} within {timeout}s (outcome unknown)",
+                request_id=self.request_id,
+            ) from None

@@ -1,0 +1,292 @@
+"""The TN service and the producers client against a real broker."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from confluent_kafka import Consumer, Producer, TopicPartition
+
+from infra.config import KwalConfig
+from producers import Client, CommitResult, ConflictError, ValidationError
+from schemas.requests import (
+    OpKind,
+    TxnOp,
+    TxnRequest,
+    TxnResult,
+    decode_result,
+    encode_request,
+)
+from tests.service.conftest import RunningTn
+
+T = "shop.items"
+
+
+def setup_table(client: Client) -> CommitResult:
+    txn = client.begin()
+    txn.create_database("shop")
+    txn.create_table(T, [("id", "int64"), ("name", "string"), ("price", "float64")], "id")
+    return txn.commit(timeout=30)
+
+
+def rows_of(tn: RunningTn, table: str = T, ts: int | None = None) -> dict[Any, dict[str, Any]]:
+    db, name = table.split(".")
+    return {r["id"]: r for r in tn.engine.read(db, name, ts).to_pylist()}
+
+
+def raw_results(
+    cfg: KwalConfig, want: int, timeout: float = 20.0
+) -> list[tuple[bytes | None, TxnResult]]:
+    """Every result on the results topic (until `want` of them or the timeout)."""
+    c = Consumer(cfg.kafka_client(**{"group.id": "t-raw", "fetch.wait.max.ms": 50}))
+    c.assign([TopicPartition(cfg.topics.results, 0, 0)])
+    out: list[tuple[bytes | None, TxnResult]] = []
+    deadline = time.monotonic() + timeout
+    try:
+        while len(out) < want and time.monotonic() < deadline:
+            for m in c.consume(100, timeout=0.2):
+                if m.error() is None:
+                    out.append((m.key(), decode_result(m.value() or b"")))
+    finally:
+        c.close()
+    return out
+
+
+def test_round_trip_ddl_insert_read(tn: RunningTn, client: Client) -> None:
+    created = setup_table(client)
+    assert created.commit_ts > 0
+
+    txn = client.begin()
+    txn.insert(T, [{"id": 1, "name": "apple", "price": 1.5}, {"id": 2, "name": "pear", "price": 2}])
+    txn.insert(T, [[3, "plum", 0.5]], columns=["id", "name", "price"])
+    txn.insert(T, pa.table({"id": [4], "name": ["fig"], "price": [3.25]}))
+    r1 = txn.commit(timeout=30)
+    assert r1.commit_ts > created.commit_ts
+    assert r1.request_id == txn.request_id
+
+    got = rows_of(tn)
+    assert sorted(got) == [1, 2, 3, 4]
+    assert got[2]["price"] == 2.0 and got[3]["name"] == "plum"
+
+    txn = client.begin()
+    txn.delete(T, [1])
+    txn.update(T, [{"id": 2, "name": "pear", "price": 9.0}])
+    r2 = txn.commit(timeout=30)
+    now = rows_of(tn)
+    assert sorted(now) == [2, 3, 4] and now[2]["price"] == 9.0
+    # snapshot read at the earlier commit still sees the old state
+    assert sorted(rows_of(tn, ts=r1.commit_ts)) == [1, 2, 3, 4]
+    assert r2.commit_ts > r1.commit_ts
+
+    # DDL + DML in one transaction, async
+    txn = client.begin()
+    txn.create_table("shop.tags", [("id", "int64"), ("tag", "string")], "id")
+    txn.insert("shop.tags", [{"id": 1, "tag": "x"}])
+    res = txn.commit_async().result(timeout=30)
+    assert res.commit_ts > r2.commit_ts
+    assert rows_of(tn, "shop.tags")[1]["tag"] == "x"
+
+
+def test_conflict_aborts_exactly_one(tn: RunningTn, client: Client) -> None:
+    setup_table(client)
+    seed = client.begin()
+    seed.insert(T, [{"id": i, "name": "v0", "price": 0.0} for i in range(10)])
+    seed.commit(timeout=30)
+
+    conflicts = 0
+    for i in range(10):
+        a, b = client.begin(), client.begin()
+        a.update(T, [{"id": i, "name": "a", "price": 1.0}])
+        b.update(T, [{"id": i, "name": "b", "price": 2.0}])
+        fa, fb = a.commit_async(), b.commit_async()
+        outcomes: list[CommitResult | ConflictError] = []
+        for f in (fa, fb):
+            try:
+                outcomes.append(f.result(timeout=30))
+            except ConflictError as e:
+                assert e.code == "write_conflict"
+                outcomes.append(e)
+        committed = [o for o in outcomes if isinstance(o, CommitResult)]
+        if len(committed) == 1:
+            conflicts += 1
+            winner = "a" if isinstance(outcomes[0], CommitResult) else "b"
+            assert rows_of(tn)[i]["name"] == winner
+        else:  # both ran one after the other: no overlap, no conflict
+            assert len(committed) == 2
+    assert conflicts >= 1, "no pair of concurrent updates overlapped"
+
+
+def test_validation_errors_get_codes_and_tn_stays_up(
+    tn: RunningTn, client: Client, kwal_config: KwalConfig
+) -> None:
+    setup_table(client)
+    kwal_config.tn.max_request_bytes = 50_000  # the running TN reads this config object
+    cases: list[tuple[str, Any]] = [
+        ("unknown_table", lambda t: t.insert("shop.nope", [{"id": 1}])),
+        ("unknown_database", lambda t: t.insert("nodb.items", [{"id": 1}])),
+        ("type_mismatch", lambda t: t.insert(T, [{"id": 1, "name": 5, "price": 1.0}])),
+        ("type_mismatch", lambda t: t.insert(T, [{"id": "one", "name": "x", "price": 1.0}])),
+        ("missing_primary_key", lambda t: t.insert(T, [{"name": "x", "price": 1.0}])),
+        ("missing_primary_key", lambda t: t.insert(T, [{"id": None, "name": "x", "price": 1.0}])),
+        ("bad_column", lambda t: t.insert(T, [{"id": 1, "colour": "red"}])),
+        ("oversized", lambda t: t.insert(T, [{"id": 1, "name": "x" * 100_000, "price": 1.0}])),
+    ]
+    for code, build in cases:
+        txn = client.begin()
+        build(txn)
+        with pytest.raises(ValidationError) as info:
+            txn.commit(timeout=30)
+        if code == "unknown_database":
+            assert info.value.code in ("unknown_database", "unknown_table"), info.value
+        else:
+            assert info.value.code == code, info.value
+        assert info.value.message
+    # nothing changed, and the TN still commits
+    assert rows_of(tn) == {}
+    ok = client.begin().insert(T, [{"id": 7, "name": "ok", "price": 1.0}]).commit(timeout=30)
+    assert ok.commit_ts > 0 and sorted(rows_of(tn)) == [7]
+    assert tn.service.healthy()
+
+
+def test_undecodable_requests_get_results(
+    tn: RunningTn, client: Client, kwal_config: KwalConfig
+) -> None:
+    setup_table(client)
+    p = Producer(kwal_config.kafka_client())
+    good_id = uuid.uuid4().hex
+    good = encode_request(
+        TxnRequest(
+            good_id, "raw", (TxnOp(OpKind.INSERT, "shop", "items", rows=pa.table({"id": [1]})),)
+        )
+    )
+    bad_id = uuid.uuid4().hex
+    truncated = encode_request(
+        TxnRequest(
+            bad_id, "raw", (TxnOp(OpKind.INSERT, "shop", "items", rows=pa.table({"id": [1]})),)
+        )
+    )[:60]
+    newer = b"KW\x07" + good[3:]  # an envelope version this reader does not know
+    for value in (b"garbage", newer, truncated):
+        p.produce(kwal_config.topics.requests, key=b"evil", value=value)
+    p.flush(10)
+    results = raw_results(kwal_config, want=4)
+    aborted = {r.request_id: (k, r) for k, r in results if not r.committed}
+    # garbage: not even a request id to read -> keyed by the record's key, id "@partition:offset"
+    (garbage,) = [(k, r) for rid, (k, r) in aborted.items() if rid.startswith("@0:")]
+    assert garbage[0] == b"evil" and garbage[1].reason == "undecodable"
+    assert garbage[1].request_id == f"@0:{garbage[1].request_offset}"
+    assert garbage[1].kind.value == "validation"
+    # a newer envelope version: refused, answered under the id it carries
+    assert aborted[good_id][1].reason == "unsupported_version"
+    # a truncated body: the id still reads
+    assert aborted[bad_id][1].reason == "undecodable"
+    # still serving
+    assert (
+        client.begin()
+        .insert(T, [{"id": 1, "name": "a", "price": 1.0}])
+        .commit(timeout=30)
+        .commit_ts
+        > 0
+    )
+
+
+def test_many_concurrent_transactions_per_client(tn: RunningTn, client: Client) -> None:
+    setup_table(client)
+    n_threads, per_thread = 8, 25
+    results: list[CommitResult] = []
+    errors: list[BaseException] = []
+    lock = threading.Lock()
+
+    def worker(w: int) -> None:
+        try:
+            futures = []
+            for i in range(per_thread):
+                txn = client.begin()
+                txn.insert(T, [{"id": w * 1000 + i, "name": f"w{w}", "price": float(i)}])
+                futures.append(txn.commit_async())
+            for f in futures:
+                r = f.result(timeout=60)
+                with lock:
+                    results.append(r)
+        except BaseException as e:  # noqa: BLE001
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(w,)) for w in range(n_threads)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[:3]
+    assert len(results) == n_threads * per_thread
+    assert len({r.request_id for r in results}) == len(results)
+    assert len(rows_of(tn)) == n_threads * per_thread
+    # every row is visible exactly from its transaction's commit ts on
+    by_ts = sorted(results, key=lambda r: r.commit_ts)
+    mid = by_ts[len(by_ts) // 2].commit_ts
+    assert len(rows_of(tn, ts=mid)) == sum(1 for r in results if r.commit_ts <= mid)
+
+
+def test_grouped_inserts_commit_together_and_a_bad_member_aborts_alone(
+    tn: RunningTn, client: Client, kwal_config: KwalConfig
+) -> None:
+    setup_table(client)
+    client.begin().insert(T, [{"id": 5, "name": "old", "price": 0.0}]).commit(timeout=30)
+    p = Producer(kwal_config.kafka_client(**{"linger.ms": 50}))  # one batch: one consume
+    # independent inserts sent together run as one engine transaction
+    clean = [uuid.uuid4().hex for _ in range(5)]
+    for i, rid in enumerate(clean):
+        rows = pa.table({"id": [200 + i], "name": ["g"], "price": [1.0]})
+        req = TxnRequest(rid, "grp", (TxnOp(OpKind.INSERT, "shop", "items", rows=rows),))
+        p.produce(kwal_config.topics.requests, key=b"grp", value=encode_request(req))
+    p.flush(10)
+    grouped = [r for _, r in raw_results(kwal_config, want=7) if r.request_id in clean]
+    assert len(grouped) == 5 and all(r.committed for r in grouped)
+    assert len({r.commit_ts for r in grouped}) < 5
+    # a member that fails breaks its group up: the others still commit
+    ids = [uuid.uuid4().hex for _ in range(6)]
+    for i, rid in enumerate(ids):
+        key = 5 if i == 3 else 100 + i  # member 3 collides with a committed row
+        rows = pa.table({"id": [key], "name": [f"n{i}"], "price": [float(i)]})
+        req = TxnRequest(rid, "grp", (TxnOp(OpKind.INSERT, "shop", "items", rows=rows),))
+        p.produce(kwal_config.topics.requests, key=b"grp", value=encode_request(req))
+    p.flush(10)
+    results = {r.request_id: r for _, r in raw_results(kwal_config, want=13) if r.request_id in ids}
+    assert len(results) == 6
+    assert results[ids[3]].reason == "duplicate_key" and not results[ids[3]].committed
+    ok = [results[rid] for i, rid in enumerate(ids) if i != 3]
+    assert all(r.committed for r in ok)
+    got = rows_of(tn)
+    assert got[5]["name"] == "old"
+    assert sorted(got) == [5, 100, 101, 102, 104, 105, 200, 201, 202, 203, 204]
+
+
+def test_duplicate_request_id_runs_once(
+    tn: RunningTn, client: Client, kwal_config: KwalConfig
+) -> None:
+    setup_table(client)
+    rid = uuid.uuid4().hex
+    req = TxnRequest(
+        rid, "dup", (TxnOp(OpKind.INSERT, "shop", "items", rows=pa.table({"id": [42]})),)
+    )
+    p = Producer(kwal_config.kafka_client())
+    p.produce(kwal_config.topics.requests, key=b"dup", value=encode_request(req))
+    p.flush(10)
+    first = [r for _, r in raw_results(kwal_config, want=2) if r.request_id == rid]
+    assert first and first[0].committed
+    # the same id again, then again after a restart of the service
+    p.produce(kwal_config.topics.requests, key=b"dup", value=encode_request(req))
+    p.flush(10)
+    tn.restart()
+    p.produce(kwal_config.topics.requests, key=b"dup", value=encode_request(req))
+    p.flush(10)
+    marker = client.begin().insert(T, [{"id": 43, "name": "m", "price": 0.0}]).commit(timeout=30)
+    assert marker.commit_ts > first[0].commit_ts
+    results = [r for _, r in raw_results(kwal_config, want=5) if r.request_id == rid]
+    assert len(results) == 3  # one answer per copy sent, all the first one's
+    assert all(r.committed and r.commit_ts == first[0].commit_ts for r in results)
+    assert not [r for _, r in raw_results(kwal_config, want=5) if r.reason == "internal"]
+    assert sorted(rows_of(tn)) == [42, 43]

@@ -1,0 +1,178 @@
+"""Turning a decoded TxnRequest into engine calls, and errors into TxnResults.
+
+Validation here is a first line only: the engine validates everything again
+(it is the authority on the catalog). What the service checks itself, against
+the committed schema of tables that already exist, is what a client can get
+wrong in a batch: unknown columns, a missing or null primary key, and types
+that do not fit the column (only lossless widening is accepted: null to
+anything, integers to a wider integer or to float, float32 to float64).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pyarrow as pa
+
+from schemas.requests import Kind, OpKind, Reason, TxnOp, TxnRequest, TxnResult
+from schemas.wal import TableSchema
+from tn.exceptions import ConflictError, EngineClosedError, TnError
+from tn.exceptions import ValidationError as EngineValidationError
+
+_ARROW = {
+    "int64": pa.int64(),
+    "float64": pa.float64(),
+    "string": pa.string(),
+    "bool": pa.bool_(),
+    "binary": pa.binary(),
+}
+
+
+class RequestInvalid(Exception):
+    """Raised by the service's own checks; becomes an aborted validation result."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
+
+
+def _fits(have: pa.DataType, want: pa.DataType) -> bool:
+    if have == want or pa.types.is_null(have):
+        return True
+    if pa.types.is_integer(have) and (pa.types.is_integer(want) or pa.types.is_floating(want)):
+        return True
+    if pa.types.is_floating(have) and pa.types.is_floating(want):
+        return True
+    if pa.types.is_large_string(have) and pa.types.is_string(want):
+        return True
+    if pa.types.is_large_binary(have) and pa.types.is_binary(want):
+        return True
+    return False
+
+
+def conform_rows(engine: Any, op: TxnOp) -> tuple[pa.Table, TableSchema | None]:
+    """Check `op.rows` against the table's committed schema and cast to it.
+
+    When the table is not in the committed catalog (e.g. created earlier in the
+    same request), the rows go to the engine unchanged and it judges them
+    (the schema returned is then None).
+    """
+    rows = op.rows
+    if rows is None:
+        raise RequestInvalid(
+            Reason.INVALID_REQUEST, f"{op.kind.value} on {op.database}.{op.table} without rows"
+        )
+    try:
+        schema = engine.schema(op.database, op.table)
+    except TnError:
+        return rows, None
+    types = {c.name: getattr(c.type, "value", c.type) for c in schema.columns}
+    unknown = [n for n in rows.column_names if n not in types]
+    if unknown:
+        raise RequestInvalid(
+            Reason.UNKNOWN_COLUMN, f"{op.database}.{op.table} has no column(s) {', '.join(unknown)}"
+        )
+    pk = schema.primary_key
+    if pk not in rows.column_names:
+        raise RequestInvalid(
+            Reason.MISSING_PRIMARY_KEY,
+            f"rows for {op.database}.{op.table} lack primary key column {pk!r}",
+        )
+    if rows.column(pk).null_count:
+        raise RequestInvalid(
+            Reason.MISSING_PRIMARY_KEY,
+            f"rows for {op.database}.{op.table} have a null primary key {pk!r}",
+        )
+    fields = []
+    for name in rows.column_names:
+        have = rows.schema.field(name).type
+        want = _ARROW.get(types[name])
+        if want is None:  # e.g. timestamp: the engine decides
+            fields.append(pa.field(name, have))
+            continue
+        if not _fits(have, want):
+            raise RequestInvalid(
+                Reason.TYPE_MISMATCH,
+                f"column {op.database}.{op.table}.{name} is {types[name]}, got {have}",
+            )
+        fields.append(pa.field(name, want))
+    target = pa.schema(fields)
+    if target == rows.schema:
+        return rows, schema
+    try:
+        return rows.cast(target, safe=True), schema
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
+        raise RequestInvalid(Reason.TYPE_MISMATCH, f"rows for {op.database}.{op.table}: {e}") from e
+
+
+def apply_ops(engine: Any, txn: Any, req: TxnRequest) -> None:
+    """Apply every op of `req` to the open engine transaction `txn`."""
+    if not req.ops:
+        raise RequestInvalid(Reason.INVALID_REQUEST, "request has no operations")
+    for op in req.ops:
+        k = op.kind
+        needs_table = k not in (OpKind.CREATE_DATABASE, OpKind.DROP_DATABASE)
+        if not op.database or (needs_table and not op.table):
+            raise RequestInvalid(
+                Reason.INVALID_REQUEST, f"{k.value} needs a database and table name"
+            )
+        if k is OpKind.CREATE_DATABASE:
+            txn.create_database(op.database)
+        elif k is OpKind.DROP_DATABASE:
+            txn.drop_database(op.database)
+        elif k is OpKind.CREATE_TABLE:
+            if not op.columns:
+                raise RequestInvalid(Reason.INVALID_REQUEST, "create table without columns")
+            if op.primary_key not in {c.name for c in op.columns}:
+                raise RequestInvalid(
+                    Reason.MISSING_PRIMARY_KEY,
+                    f"primary key {op.primary_key!r} is not one of the columns of {op.database}.{op.table}",
+                )
+            txn.create_table(
+                op.database, op.table, [(c.name, c.type) for c in op.columns], op.primary_key
+            )
+        elif k is OpKind.DROP_TABLE:
+            txn.drop_table(op.database, op.table)
+        elif k is OpKind.ADD_COLUMN:
+            if len(op.columns) != 1:
+                raise RequestInvalid(Reason.INVALID_REQUEST, "add column needs exactly one column")
+            txn.add_column(op.database, op.table, op.columns[0].name, op.columns[0].type)
+        elif k is OpKind.DROP_COLUMN:
+            if len(op.columns) != 1:
+                raise RequestInvalid(Reason.INVALID_REQUEST, "drop column needs exactly one column")
+            txn.drop_column(op.database, op.table, op.columns[0].name)
+        elif k is OpKind.INSERT:
+            txn.insert(op.database, op.table, conform_rows(engine, op)[0])
+        elif k is OpKind.UPDATE:
+            txn.update(op.database, op.table, conform_rows(engine, op)[0])
+        elif k is OpKind.DELETE:
+            if op.keys is None:
+                raise RequestInvalid(Reason.INVALID_REQUEST, "delete without keys")
+            txn.delete(op.database, op.table, list(op.keys))
+        else:  # pragma: no cover - the enum is closed
+            raise RequestInvalid(Reason.INVALID_REQUEST, f"unknown op {k}")
+
+
+def result_for_error(request_id: str, e: BaseException, **kw: Any) -> TxnResult:
+    """The aborted result an exception from validation, the engine or the commit maps to."""
+    if isinstance(e, RequestInvalid):
+        return TxnResult.aborted(request_id, Kind.VALIDATION, e.reason, e.message, **kw)
+    if isinstance(e, ConflictError):
+        return TxnResult.aborted(request_id, Kind.CONFLICT, _code(e, Reason.CONFLICT), str(e), **kw)
+    if isinstance(e, EngineValidationError):
+        return TxnResult.aborted(
+            request_id, Kind.VALIDATION, _code(e, Reason.VALIDATION), str(e), **kw
+        )
+    if isinstance(e, EngineClosedError):
+        return TxnResult.aborted(request_id, Kind.INTERNAL, Reason.SHUTTING_DOWN, str(e), **kw)
+    if isinstance(e, TnError):
+        return TxnResult.aborted(request_id, Kind.INTERNAL, _code(e, Reason.INTERNAL), str(e), **kw)
+    return TxnResult.aborted(
+        request_id, Kind.INTERNAL, Reason.INTERNAL, f"{type(e).__name__}: {e}", **kw
+    )
+
+
+def _code(e: BaseException, default: str) -> str:
+    code = getattr(e, "code", "")
+    return code if isinstance(code, str) and code else default

@@ -1,0 +1,95 @@
+"""`kwal tn run` (or `python -m tn.service.main`): the TN process.
+
+Opens the configured log backend (cfg.wal.backend: file | kafka | memory),
+rebuilds the engine from it (`Engine.recover`), makes sure the topics exist,
+and serves requests until SIGTERM or SIGINT, then drains in-flight commits,
+publishes their results and closes the log. Prints one line
+``kwal-tn ready <requests topic>`` on stderr once it is consuming.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+from infra.config import KwalConfig
+from tn.logstore.driver import LogDriver, LogStore
+
+
+def open_driver(cfg: KwalConfig) -> LogDriver:
+    backend = cfg.wal.backend
+    if backend == "memory":
+        from tn.logstore.memory_backend import MemoryDriver
+
+        return MemoryDriver()
+    if backend == "file":
+        from tn.logstore.file_backend import FileDriver
+
+        return FileDriver(
+            cfg.wal.dir,
+            segment_bytes=cfg.wal.segment_bytes,
+            recovery_mode=cfg.wal.recovery_mode,
+            group_max_entries=cfg.wal.group_max_entries,
+            group_max_bytes=cfg.wal.group_max_bytes,
+        )
+    if backend == "kafka":
+        from tn.logstore.kafka_backend import KafkaDriver
+
+        return KafkaDriver(cfg)
+    raise ValueError(f"unknown wal.backend {backend!r} (file | kafka | memory)")
+
+
+def run(args: Any, cfg: KwalConfig) -> int:
+    logging.basicConfig(
+        level=logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    from infra.topics import ensure_topics
+    from tn.engine import Engine
+    from tn.service.service import TnService
+
+    stop = threading.Event()
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+
+    ensure_topics(cfg)
+    log = LogStore(open_driver(cfg))
+    engine = Engine.recover(log, commit_queue=cfg.tn.commit_queue)
+    service = TnService(cfg, engine)
+    try:
+        service.start()
+        print(f"kwal-tn ready {cfg.topics.requests}", file=sys.stderr, flush=True)
+        while not stop.wait(0.2):
+            if not service.healthy():
+                print("kwal-tn: a service thread died", file=sys.stderr, flush=True)
+                return 1
+        service.stop()
+    finally:
+        engine.close()
+        log.close()
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tn.service.main", description="run the TN")
+    parser.add_argument("--config", help="TOML config file")
+    parser.add_argument("--bootstrap", help="Kafka bootstrap servers")
+    args = parser.parse_args(argv)
+    cfg = KwalConfig.load(args.config)
+    if args.bootstrap:
+        cfg = cfg.with_bootstrap(args.bootstrap)
+    return run(args, cfg)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

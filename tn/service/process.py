@@ -1,0 +1,85 @@
+"""The TN as a subprocess (`python -m tn.service.main`), for the kill -9 harness
+and the commit benchmark: start (waits for its ready line), SIGKILL, SIGTERM."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from infra.config import KwalConfig
+
+REPO = Path(__file__).resolve().parents[2]
+PASS_ENV = ("KWAL_FETCH_WAIT_MS",)  # tuning knobs that are not config settings
+
+
+class TnProcess:
+    """`python -m tn.service.main` with the config given, as a subprocess."""
+
+    def __init__(self, cfg: KwalConfig, workdir: Path) -> None:
+        self.cfg = cfg
+        self.workdir = workdir
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.starts = 0
+
+    def env(self) -> dict[str, str]:
+        empty = self.workdir / "empty.toml"
+        empty.write_text("")
+        env = {k: v for k, v in os.environ.items() if not k.startswith("KWAL_") or k in PASS_ENV}
+        env.update(
+            KWAL_CONFIG=str(empty),
+            KWAL_BOOTSTRAP=self.cfg.bootstrap,
+            KWAL_TOPICS_PREFIX=self.cfg.topics.prefix,
+            KWAL_TOPICS_WAL_PARTITIONS=str(self.cfg.topics.wal_partitions),
+            KWAL_WAL_BACKEND=self.cfg.wal.backend,
+            KWAL_WAL_DIR=str(Path(self.cfg.wal.dir).resolve()),
+            KWAL_WAL_RECOVERY_MODE=self.cfg.wal.recovery_mode,
+            PYTHONPATH=str(REPO),
+        )
+        for k, v in self.cfg.kafka.items():
+            if k != "bootstrap.servers":
+                env["KWAL_KAFKA_" + k.replace(".", "_").upper()] = v
+        return env
+
+    def start(self, timeout_s: float = 60.0) -> None:
+        self.starts += 1
+        log_path = self.workdir / f"tn-{self.starts}.log"
+        log = open(log_path, "wb")  # noqa: SIM115 - the child owns it
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "tn.service.main"],
+            cwd=REPO,
+            env=self.env(),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        log.close()
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if b"kwal-tn ready" in log_path.read_bytes():
+                return
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.05)
+        tail = log_path.read_bytes()[-3000:].decode(errors="replace")
+        self.kill()
+        raise RuntimeError(f"TN did not become ready (see {log_path}):\n{tail}")
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(30)
+        self.proc = None
+
+    def terminate(self, timeout_s: float = 30.0) -> int:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            rc = self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise
+        self.proc = None
+        return rc

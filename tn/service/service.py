@@ -1,0 +1,776 @@
+"""The TN service: requests topic -> engine -> results topic.
+
+Threads
+-------
+- the *request loop* consumes the requests topic (``assign()``, no group),
+  decodes and validates each record, applies its ops to a new engine
+  transaction and calls ``commit()``, which returns at once with a future: many
+  transactions are in flight, the engine's pipeline commits them in order;
+- the engine's commit futures complete on the engine's threads; their
+  callbacks only enqueue the result;
+- the *publisher* produces results (one idempotent producer) and handles
+  delivery reports.
+
+Exactly-once (what was chosen, and what it guarantees)
+------------------------------------------------------
+The WAL schema cannot carry request ids, so the TN keeps its bookkeeping in
+two system tables of its own, written through the engine and therefore in the
+WAL, atomically with the user's writes:
+
+- ``kwal_system.requests(request_id PK, req_offset)``: every request's
+  transaction also inserts its id. So "the request's effects are committed"
+  and "its id is in this table" are the same fact, and the primary key makes
+  a second execution of the same id conflict.
+- ``kwal_system.progress(k PK, requests_offset, results_offset)``: one row,
+  rewritten by a small transaction about every `progress_interval_s`.
+  ``requests_offset`` (C) is the lowest requests-topic offset whose result the
+  broker has not acknowledged yet: every request below C is *resolved*.
+  ``results_offset`` (R) is at or below the results-topic offset of every
+  result already delivered for a request at or above C. The same transaction
+  deletes ``requests`` rows more than `dedup_window` (100,000) offsets below
+  C, so that table stays bounded.
+
+On start (after ``Engine.recover``) the TN reads both tables, then reads the
+results topic from R to its end to learn which requests at or above C already
+got an answer, and resumes consuming at C. For each request from C on:
+
+1. a result for it is on the results topic -> skip (the client has its answer;
+   an aborted request is never re-executed, so it can never commit later);
+2. its id is in ``kwal_system.requests`` -> committed before the crash but
+   unanswered: publish ``committed`` again, with the commit ts found by a
+   binary search over snapshot reads;
+3. otherwise run it (it had no effect before the crash).
+
+Guarantees: a request's writes are applied at most once, also when a client
+re-sends the same request id, as long as the first copy is among the last
+`dedup_window` requests (or the last `recent_results` answered by this
+process); the repeat gets the first one's result again. Every request
+consumed gets at least one result; a client can receive a result twice
+(clients take the first and ignore the rest). A duplicate id arriving later
+than that horizon is executed again.
+
+Grouping
+--------
+Requests that are only INSERTs into tables of the committed catalog, with
+primary keys distinct from each other's, are grouped (up to `group_max`, in
+consumption order, never across a request of another kind) and run as ONE
+engine transaction: their system-table rows go in the same transaction, so
+exactly-once holds per request; they share one commit ts. If the grouped
+transaction fails (a conflict, a duplicate key, a type the engine refuses),
+nothing of it is visible and each member runs again on its own and gets its
+own verdict. For blind writes on distinct keys this is the outcome of
+committing them one after the other; a member that conflicts with a
+transaction outside the group is simply re-run after it (it never read
+anything). `group_max=1` turns grouping off.
+
+Undecodable requests
+--------------------
+If even the request id cannot be read, the result's request id is
+``@<partition>:<offset>`` of the request record and its Kafka key is the
+request record's key (the client id), so nobody's future waits for it; the
+client that sent it times out. If the id can be read (the envelope is intact
+but the body is not, or the request is oversized), the result carries it.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import os
+import queue
+import threading
+import time
+from collections import OrderedDict
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
+
+from infra.config import KwalConfig
+from schemas.exceptions import CodecError, UnsupportedFormatError
+from schemas.requests import (
+    Kind,
+    OpKind,
+    Reason,
+    RequestFormatError,
+    TxnRequest,
+    TxnResult,
+    decode_request,
+    decode_result,
+    encode_result,
+    peek_request_id,
+)
+from tn.exceptions import ConflictError, EngineClosedError, LogFailedError, TnError
+from tn.exceptions import ValidationError as EngineValidationError
+from tn.service.apply import RequestInvalid, apply_ops, conform_rows, result_for_error
+
+log = logging.getLogger("kwal.tn.service")
+
+# How long the broker may hold a fetch when no data is there. Every commit
+# crosses two such fetches (request to TN, result to client). Measured on the
+# embedded broker: while a fetch is held, produce acknowledgements wait too
+# (one produce->consume hop: ~17 ms at 50, ~2-3 ms at 10, with a worse p99 at
+# 10). 25 is the compromise; override with KWAL_FETCH_WAIT_MS.
+FETCH_WAIT_MS = int(os.environ.get("KWAL_FETCH_WAIT_MS", "25"))
+SYSTEM_DB = "kwal_system"
+REQUESTS_TABLE = "requests"
+PROGRESS_TABLE = "progress"
+PROGRESS_KEY = "tn"
+RESULTS_SLACK = 10_000  # re-read this many extra results on restart (broker offset quirks)
+
+
+class ServiceError(RuntimeError):
+    pass
+
+
+def poll_batch(consumer: Consumer, max_messages: int, timeout: float) -> list[Any]:
+    """Wait up to `timeout` for the first message, then take what is already
+    fetched without waiting (`consume(n, timeout)` would wait the whole timeout
+    for n messages)."""
+    first = consumer.poll(timeout)
+    if first is None:
+        return []
+    return [first, *consumer.consume(max_messages - 1, timeout=0)]
+
+
+class TnService:
+    def __init__(
+        self,
+        cfg: KwalConfig,
+        engine: Any,
+        *,
+        exactly_once: bool = True,
+        max_inflight: int = 8192,
+        progress_interval_s: float = 0.5,
+        recent_results: int = 100_000,
+        dedup_window: int = 100_000,
+        group_max: int = 64,
+    ) -> None:
+        self.cfg = cfg
+        self.engine = engine
+        self.exactly_once = exactly_once
+        self.max_inflight = max_inflight
+        self.progress_interval_s = progress_interval_s
+        self.partition = 0
+        self._stop = threading.Event()
+        self._out: queue.SimpleQueue[tuple[TxnResult, bytes | None, int] | None] = (
+            queue.SimpleQueue()
+        )
+        self._lock = threading.Condition()
+        self._pending: list[int] = []  # heap of request offsets not yet resolved
+        self._resolved: set[int] = set()  # lazily removed from the heap
+        self._next_offset = 0  # one past the last consumed request offset
+        self._delivered_above: dict[int, int] = {}  # req offset -> result offset
+        self._last_result_offset = -1
+        self._committed_ids: list[tuple[int, str]] = []  # (req offset, id) to prune
+        self._inflight_ids: set[str] = set()
+        self._recent: OrderedDict[str, TxnResult] = OrderedDict()
+        self._recent_max = recent_results
+        self.dedup_window = dedup_window
+        self.group_max = group_max
+        self._retries: queue.SimpleQueue[_Member] = queue.SimpleQueue()
+        self._answered_before: set[str] = set()  # from the results topic at start
+        self._committed_before: dict[str, int] = {}  # id -> req offset, from the table
+        self._progress_written = (-1, -1)
+        self._progress_inflight: Future[int] | None = None
+        self._last_progress = 0.0
+        self._threads: list[threading.Thread] = []
+        self.processed = 0
+        self._producer = Producer(
+            cfg.kafka_client(**{"enable.idempotence": True, "acks": "all", "linger.ms": 1})
+        )
+        self._consumer: Consumer | None = None
+
+    # ---- lifecycle ------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Bootstrap system tables, recover the position, start the threads."""
+        start_offset = self._recover()
+        self._consumer = Consumer(
+            self.cfg.kafka_client(
+                **{
+                    "group.id": f"{self.cfg.topics.prefix}.tn",
+                    "enable.auto.commit": False,
+                    "enable.auto.offset.store": False,
+                    "fetch.wait.max.ms": FETCH_WAIT_MS,
+                    "enable.partition.eof": False,
+                    "auto.offset.reset": "earliest",
+                }
+            )
+        )
+        self._consumer.assign(
+            [TopicPartition(self.cfg.topics.requests, self.partition, start_offset)]
+        )
+        self._next_offset = max(start_offset, 0)
+        for target, name in (
+            (self._request_loop, "kwal-tn-requests"),
+            (self._publisher, "kwal-tn-results"),
+        ):
+            t = threading.Thread(target=target, name=name, daemon=True)
+            t.start()
+            self._threads.append(t)
+        log.info("TN service consuming %s from offset %s", self.cfg.topics.requests, start_offset)
+
+    def stop(self, drain_timeout_s: float = 10.0) -> None:
+        """Stop consuming, let in-flight commits finish and their results go out."""
+        self._stop.set()
+        if self._threads:
+            self._threads[0].join(timeout=drain_timeout_s)
+        deadline = time.monotonic() + drain_timeout_s
+        with self._lock:
+            while self._unresolved() and time.monotonic() < deadline:
+                self._lock.wait(0.05)
+        self._out.put(None)
+        for t in self._threads[1:]:
+            t.join(timeout=drain_timeout_s)
+        self._producer.flush(drain_timeout_s)
+        self._write_progress(force=True, wait=True)
+        if self._consumer is not None:
+            self._consumer.close()
+            self._consumer = None
+
+    def healthy(self) -> bool:
+        return all(t.is_alive() for t in self._threads) and not self._stop.is_set()
+
+    # ---- recovery -------------------------------------------------------------------------
+
+    def _recover(self) -> int:
+        if not self.exactly_once:
+            return OFFSET_BEGINNING
+        tables = self.engine.tables()
+        if REQUESTS_TABLE not in tables.get(SYSTEM_DB, []):
+            txn = self.engine.begin()
+            if SYSTEM_DB not in tables:
+                txn.create_database(SYSTEM_DB)
+            txn.create_table(
+                SYSTEM_DB,
+                REQUESTS_TABLE,
+                [("request_id", "string"), ("req_offset", "int64")],
+                "request_id",
+            )
+            txn.create_table(
+                SYSTEM_DB,
+                PROGRESS_TABLE,
+                [("k", "string"), ("requests_offset", "int64"), ("results_offset", "int64")],
+                "k",
+            )
+            txn.insert(
+                SYSTEM_DB,
+                PROGRESS_TABLE,
+                [{"k": PROGRESS_KEY, "requests_offset": -1, "results_offset": -1}],
+            )
+            txn.commit().result(timeout=60)
+            return OFFSET_BEGINNING
+        progress = self.engine.read(SYSTEM_DB, PROGRESS_TABLE).to_pylist()
+        c, r = -1, -1
+        for row in progress:
+            if row["k"] == PROGRESS_KEY:
+                c, r = int(row["requests_offset"]), int(row["results_offset"])
+        self._progress_written = (c, r)
+        for row in self.engine.read(SYSTEM_DB, REQUESTS_TABLE).to_pylist():
+            self._committed_before[row["request_id"]] = int(row["req_offset"])
+            self._committed_ids.append((int(row["req_offset"]), row["request_id"]))
+        self._scan_results(max(0, r - RESULTS_SLACK) if r >= 0 else 0, max(c, 0))
+        log.info(
+            "TN recovered: resume requests at %s; %d committed ids in window; %d answered",
+            c,
+            len(self._committed_before),
+            len(self._answered_before),
+        )
+        return c if c >= 0 else OFFSET_BEGINNING
+
+    def _scan_results(self, from_offset: int, min_request_offset: int) -> None:
+        """Collect the ids of results already published for requests >= min_request_offset."""
+        topic = self.cfg.topics.results
+        consumer = Consumer(
+            self.cfg.kafka_client(
+                **{
+                    "group.id": f"{self.cfg.topics.prefix}.tn-scan",
+                    "enable.auto.commit": False,
+                    "fetch.wait.max.ms": 50,
+                    "enable.partition.eof": True,
+                }
+            )
+        )
+        try:
+            _, high = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)
+            if high <= from_offset:
+                return
+            consumer.assign([TopicPartition(topic, 0, from_offset)])
+            position = from_offset
+            idle_since = time.monotonic()
+            # The reported high watermark can lag the true end by a batch: read to
+            # it, then keep reading until nothing new arrives for a moment.
+            while True:
+                msgs = poll_batch(consumer, 1000, 0.1)
+                got = False
+                for msg in msgs:
+                    if msg.error() is not None:
+                        continue
+                    got = True
+                    position = (msg.offset() or 0) + 1
+                    try:
+                        res = decode_result(msg.value() or b"")
+                    except CodecError:
+                        continue
+                    if res.request_offset >= min_request_offset:
+                        self._answered_before.add(res.request_id)
+                        self._remember(res)
+                if got:
+                    idle_since = time.monotonic()
+                elif position >= high and time.monotonic() - idle_since > 0.3:
+                    return
+                elif time.monotonic() - idle_since > 10:
+                    log.warning("results scan stalled at %s (high watermark %s)", position, high)
+                    return
+        finally:
+            consumer.close()
+
+    def _find_commit_ts(self, request_id: str) -> int:
+        """The commit ts of the transaction that inserted `request_id` (binary search)."""
+        lo, hi = 0, self.engine.now()
+
+        def visible(ts: int) -> bool:
+            try:
+                t = self.engine.read(SYSTEM_DB, REQUESTS_TABLE, ts)
+            except TnError:  # the system tables did not exist yet at ts
+                return False
+            return request_id in set(t.column("request_id").to_pylist())
+
+        if not visible(hi):
+            return 0
+        while lo + 1 < hi:
+            mid = (lo + hi) // 2
+            if visible(mid):
+                hi = mid
+            else:
+                lo = mid
+        return hi
+
+    # ---- the request loop -----------------------------------------------------------------
+
+    def _request_loop(self) -> None:
+        assert self._consumer is not None
+        consumer = self._consumer
+        while not self._stop.is_set():
+            self._drain_retries()
+            with self._lock:
+                while self._unresolved() >= self.max_inflight and not self._stop.is_set():
+                    self._lock.wait(0.05)
+            try:
+                msgs = poll_batch(consumer, 256, 0.05)
+            except Exception:  # noqa: BLE001 - keep the TN up through broker hiccups
+                log.exception("consume failed")
+                time.sleep(0.2)
+                continue
+            group = _Group()
+            for msg in msgs:
+                err = msg.error()
+                if err is not None:
+                    if err.code() != KafkaError._PARTITION_EOF:
+                        log.warning("requests consumer: %s", err)
+                    continue
+                offset = msg.offset()
+                assert offset is not None
+                req: TxnRequest | None = None
+                try:
+                    req = self._accept(offset, msg.key(), msg.value() or b"")
+                    if req is None:
+                        continue
+                    member = self._group_member(req, offset) if self.group_max > 1 else None
+                    if member is None:
+                        self._flush(group)
+                        self._execute(req, offset)
+                    else:
+                        if not group.fits(member, self.group_max):
+                            self._flush(group)
+                        group.add(member)
+                except RequestInvalid as e:
+                    self._fail(req, offset, msg.key(), e)
+                except Exception as e:  # noqa: BLE001 - a bug in one request must not kill the TN
+                    log.exception("request at offset %s", offset)
+                    self._fail(req, offset, msg.key(), e)
+            self._flush(group)
+            self._maybe_write_progress()
+        # stopping: requests of aborted groups still get their individual run
+        deadline = time.monotonic() + 5
+        while self._unresolved() and time.monotonic() < deadline:
+            self._drain_retries()
+            time.sleep(0.01)
+
+    def _fail(self, req: TxnRequest | None, offset: int, key: bytes | None, e: Exception) -> None:
+        if req is None:
+            res = TxnResult.aborted(
+                f"@{self.partition}:{offset}",
+                Kind.INTERNAL,
+                Reason.INTERNAL,
+                "internal error handling the request",
+                request_offset=offset,
+            )
+        else:
+            res = result_for_error(
+                req.request_id, e, client_id=req.client_id, request_offset=offset
+            )
+            key = req.request_id.encode()
+        self._publish(res, key, offset)
+
+    def _accept(self, offset: int, key: bytes | None, value: bytes) -> TxnRequest | None:
+        """Decode and deduplicate one request record. Returns the request to run
+        (now marked in flight), or None when it has been answered here."""
+        with self._lock:
+            heapq.heappush(self._pending, offset)
+            self._next_offset = offset + 1
+        self.processed += 1
+        req: TxnRequest | None = None
+        error: TxnResult | None = None
+        if len(value) > self.cfg.tn.max_request_bytes:
+            rid = peek_request_id(value) or f"@{self.partition}:{offset}"
+            error = TxnResult.aborted(
+                rid,
+                Kind.VALIDATION,
+                Reason.TOO_LARGE,
+                f"request of {len(value)} bytes exceeds tn.max_request_bytes={self.cfg.tn.max_request_bytes}",
+            )
+        else:
+            try:
+                req = decode_request(value)
+            except UnsupportedFormatError as e:
+                # a kwal envelope of a version (or schema) this TN does not know,
+                # or not a kwal record at all
+                rid = peek_request_id(value) or f"@{self.partition}:{offset}"
+                reason = Reason.UNSUPPORTED_VERSION if value[:2] == b"KW" else Reason.UNDECODABLE
+                error = TxnResult.aborted(rid, Kind.VALIDATION, reason, str(e))
+            except (CodecError, RequestFormatError, ValueError, KeyError, TypeError) as e:
+                rid = peek_request_id(value) or f"@{self.partition}:{offset}"
+                error = TxnResult.aborted(
+                    rid, Kind.VALIDATION, Reason.UNDECODABLE, f"{type(e).__name__}: {e}"
+                )
+        if req is None:
+            assert error is not None
+            self._publish(_with(error, request_offset=offset), key, offset)
+            return None
+        rid = req.request_id
+        with self._lock:
+            known = self._recent.get(rid)
+            inflight = rid in self._inflight_ids
+            if not inflight and known is None and rid not in self._answered_before:
+                self._inflight_ids.add(rid)
+        if rid in self._answered_before:
+            self._resolve(offset)  # answered before the restart
+            return None
+        if known is not None:  # answered (or being answered): answer again
+            self._publish(known, rid.encode(), offset)
+            return None
+        if inflight:
+            self._resolve(offset)  # its answer is coming
+            return None
+        if rid in self._committed_before:
+            ts = self._find_commit_ts(rid)
+            kw = {"client_id": req.client_id, "request_offset": offset}
+            self._publish(TxnResult.ok(rid, ts, **kw), rid.encode(), offset)
+            return None
+        return req
+
+    def _execute(self, req: TxnRequest, offset: int) -> None:
+        """Run one request as its own engine transaction."""
+        rid = req.request_id
+        kw = {"client_id": req.client_id, "request_offset": offset}
+        try:
+            txn = self.engine.begin()
+        except TnError as e:
+            self._publish(result_for_error(rid, e, **kw), rid.encode(), offset)
+            return
+        try:
+            apply_ops(self.engine, txn, req)
+            if self.exactly_once:
+                txn.insert(SYSTEM_DB, REQUESTS_TABLE, [{"request_id": rid, "req_offset": offset}])
+            fut = txn.commit()
+        except Exception as e:  # noqa: BLE001 - validation, engine or unexpected: abort it
+            _rollback(txn)
+            self._publish(result_for_error(rid, e, **kw), rid.encode(), offset)
+            return
+        fut.add_done_callback(lambda f: self._committed(f, rid, offset, kw))
+
+    def _committed(self, fut: Future[int], rid: str, offset: int, kw: dict[str, Any]) -> None:
+        exc = fut.exception()
+        if exc is None:
+            res = TxnResult.ok(rid, int(fut.result()), **kw)
+            with self._lock:
+                self._committed_ids.append((offset, rid))
+        else:
+            res = result_for_error(rid, exc, **kw)
+        self._publish(res, rid.encode(), offset)
+
+    # ---- grouping -------------------------------------------------------------------------
+
+    def _group_member(self, req: TxnRequest, offset: int) -> _Member | None:
+        """The request as a group member, or None if it must run on its own: only
+        requests made of INSERTs into tables of the committed catalog, with
+        distinct primary keys, are grouped."""
+        inserts: list[tuple[str, str, pa.Table]] = []
+        keys: set[tuple[str, str, Any]] = set()
+        for op in req.ops:
+            if op.kind is not OpKind.INSERT:
+                return None
+            rows, schema = conform_rows(self.engine, op)  # RequestInvalid -> aborted by caller
+            if schema is None:
+                return None  # not a committed table: the engine judges it alone
+            names = [c.name for c in schema.columns]
+            if sorted(rows.column_names) != sorted(names):
+                return None
+            rows = rows.select(names)
+            op_keys = rows.column(schema.primary_key).to_pylist()
+            before = len(keys)
+            keys.update((op.database, op.table, k) for k in op_keys)
+            if len(keys) != before + len(op_keys):
+                return None  # a key twice in one request: let the engine say so
+            inserts.append((op.database, op.table, rows))
+        if not inserts:
+            return None
+        return _Member(req, offset, inserts, keys)
+
+    def _flush(self, group: _Group) -> None:
+        members = group.take()
+        if not members:
+            return
+        if len(members) == 1:
+            self._execute(members[0].req, members[0].offset)
+            return
+        try:
+            txn = self.engine.begin()
+        except TnError as e:
+            for m in members:
+                self._fail(m.req, m.offset, None, e)
+            return
+        try:
+            batches: dict[tuple[str, str, pa.Schema], list[pa.Table]] = {}
+            for m in members:
+                for db, table, rows in m.inserts:
+                    batches.setdefault((db, table, rows.schema), []).append(rows)
+            for (db, table, _), tables in batches.items():
+                txn.insert(db, table, pa.concat_tables(tables))
+            if self.exactly_once:
+                txn.insert(
+                    SYSTEM_DB,
+                    REQUESTS_TABLE,
+                    [{"request_id": m.req.request_id, "req_offset": m.offset} for m in members],
+                )
+            fut = txn.commit()
+        except Exception as e:  # noqa: BLE001 - one member's problem: run each alone
+            _rollback(txn)
+            if isinstance(e, EngineClosedError | LogFailedError):
+                for m in members:
+                    self._fail(m.req, m.offset, None, e)
+                return
+            for m in members:
+                self._execute(m.req, m.offset)
+            return
+        fut.add_done_callback(lambda f: self._group_committed(f, members))
+
+    def _group_committed(self, fut: Future[int], members: list[_Member]) -> None:
+        exc = fut.exception()
+        if exc is None:
+            ts = int(fut.result())
+            with self._lock:
+                self._committed_ids.extend((m.offset, m.req.request_id) for m in members)
+            for m in members:
+                kw = {"client_id": m.req.client_id, "request_offset": m.offset}
+                self._publish(
+                    TxnResult.ok(m.req.request_id, ts, **kw), m.req.request_id.encode(), m.offset
+                )
+        elif isinstance(exc, ConflictError | EngineValidationError):
+            # the group lost a conflict (or one member broke it): nothing of it is
+            # visible; each member runs again alone, in the request loop
+            for m in members:
+                self._retries.put(m)
+        else:
+            for m in members:
+                self._fail(
+                    m.req, m.offset, None, exc if isinstance(exc, Exception) else Exception(exc)
+                )
+
+    def _drain_retries(self) -> None:
+        while True:
+            try:
+                m = self._retries.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                self._execute(m.req, m.offset)
+            except Exception as e:  # noqa: BLE001
+                self._fail(m.req, m.offset, None, e)
+
+    def _publish(self, res: TxnResult, key: bytes | None, offset: int) -> None:
+        self._out.put((res, key, offset))
+
+    # ---- the publisher --------------------------------------------------------------------
+
+    def _publisher(self) -> None:
+        topic = self.cfg.topics.results
+        while True:
+            try:
+                item = self._out.get(timeout=0.02)
+            except queue.Empty:
+                self._producer.poll(0)
+                continue
+            if item is None:
+                self._producer.flush(10)
+                return
+            res, key, offset = item
+            payload = encode_result(res)
+            self._remember(res)
+
+            def delivered(
+                err: Any,
+                msg: Any,
+                res: TxnResult = res,
+                key: bytes | None = key,
+                offset: int = offset,
+            ) -> None:
+                if err is not None:
+                    log.warning("result %s not delivered (%s); retrying", res.request_id, err)
+                    self._out.put((res, key, offset))
+                    return
+                self._delivered(res, offset, msg.offset())
+
+            while True:
+                try:
+                    self._producer.produce(topic, value=payload, key=key, on_delivery=delivered)
+                    break
+                except BufferError:
+                    self._producer.poll(0.01)
+            self._producer.poll(0)
+
+    def _delivered(self, res: TxnResult, req_offset: int, result_offset: int) -> None:
+        with self._lock:
+            self._inflight_ids.discard(res.request_id)
+            if result_offset >= 0:
+                self._delivered_above[req_offset] = min(
+                    result_offset, self._delivered_above.get(req_offset, result_offset)
+                )
+                self._last_result_offset = max(self._last_result_offset, result_offset)
+            self._resolve_locked(req_offset)
+
+    def _remember(self, res: TxnResult) -> None:
+        with self._lock:
+            self._recent[res.request_id] = res
+            self._recent.move_to_end(res.request_id)
+            while len(self._recent) > self._recent_max:
+                self._recent.popitem(last=False)
+
+    # ---- resolution bookkeeping -----------------------------------------------------------
+
+    def _resolve(self, offset: int) -> None:
+        with self._lock:
+            self._resolve_locked(offset)
+
+    def _resolve_locked(self, offset: int) -> None:
+        self._resolved.add(offset)
+        while self._pending and self._pending[0] in self._resolved:
+            self._resolved.discard(heapq.heappop(self._pending))
+        self._lock.notify_all()
+
+    def _unresolved(self) -> int:
+        return len(self._pending) - len(self._resolved)
+
+    def resolved_offset(self) -> int:
+        """C: every request below this offset has a delivered result."""
+        with self._lock:
+            return self._pending[0] if self._pending else self._next_offset
+
+    def _maybe_write_progress(self) -> None:
+        now = time.monotonic()
+        if now - self._last_progress >= self.progress_interval_s:
+            self._last_progress = now
+            self._write_progress()
+
+    def _write_progress(self, force: bool = False, wait: bool = False) -> None:
+        if not self.exactly_once:
+            return
+        inflight = self._progress_inflight
+        if inflight is not None and not inflight.done():
+            if not wait:
+                return
+            try:
+                inflight.result(timeout=10)
+            except Exception:  # noqa: BLE001
+                pass
+        with self._lock:
+            c = self._pending[0] if self._pending else self._next_offset
+            above = [r for q, r in self._delivered_above.items() if q >= c]
+            for q in [q for q in self._delivered_above if q < c]:
+                del self._delivered_above[q]
+            r = min(above) if above else self._last_result_offset + 1
+            horizon = c - self.dedup_window
+            prune = [rid for q, rid in self._committed_ids if q < horizon]
+            if prune:
+                self._committed_ids = [(q, rid) for q, rid in self._committed_ids if q >= horizon]
+        if (c, r) == self._progress_written and not prune:
+            return
+        try:
+            txn = self.engine.begin()
+            txn.update(
+                SYSTEM_DB,
+                PROGRESS_TABLE,
+                [{"k": PROGRESS_KEY, "requests_offset": c, "results_offset": r}],
+            )
+            if prune:
+                txn.delete(SYSTEM_DB, REQUESTS_TABLE, prune)
+            fut = txn.commit()
+        except TnError as e:
+            log.warning("progress not recorded: %s", e)
+            return
+        self._progress_written = (c, r)
+        for rid in prune:
+            self._committed_before.pop(rid, None)
+        self._progress_inflight = fut
+        if wait:
+            try:
+                fut.result(timeout=10)
+            except Exception as e:  # noqa: BLE001
+                log.warning("progress not recorded: %s", e)
+
+
+@dataclass
+class _Member:
+    req: TxnRequest
+    offset: int
+    inserts: list[tuple[str, str, pa.Table]]
+    keys: set[tuple[str, str, Any]]
+
+
+class _Group:
+    """Independent INSERT-only requests (pairwise distinct keys) run as ONE engine
+    transaction: they commit atomically at one commit ts, or, if that
+    transaction fails, each runs again on its own. For blind writes on distinct
+    keys this is the same outcome as committing them one after the other."""
+
+    def __init__(self) -> None:
+        self.members: list[_Member] = []
+        self.keys: set[tuple[str, str, Any]] = set()
+
+    def fits(self, m: _Member, limit: int) -> bool:
+        return len(self.members) < limit and self.keys.isdisjoint(m.keys)
+
+    def add(self, m: _Member) -> None:
+        self.members.append(m)
+        self.keys |= m.keys
+
+    def take(self) -> list[_Member]:
+        members, self.members, self.keys = self.members, [], set()
+        return members
+
+
+def _rollback(txn: Any) -> None:
+    try:
+        txn.rollback()
+    except Exception:  # noqa: BLE001 - already aborted is fine
+        pass
+
+
+def _with(res: TxnResult, **kw: Any) -> TxnResult:
+    import dataclasses
+
+    return dataclasses.replace(res, **kw)
