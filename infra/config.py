@@ -133,6 +133,19 @@ class KwalConfig:
         kafka["bootstrap.servers"] = bootstrap
         return dataclasses.replace(self, kafka=kafka)
 
+    def to_env(self) -> dict[str, str]:
+        """This config as `KWAL_*` environment variables (for child processes):
+        `KwalConfig.load(environ=cfg.to_env())` gives the same settings back."""
+        env = {"KWAL_KAFKA_" + k.replace(".", "_").upper(): v for k, v in self.kafka.items()}
+        env["KWAL_BOOTSTRAP"] = self.bootstrap
+        for f in dataclasses.fields(self):
+            section = getattr(self, f.name)
+            if not dataclasses.is_dataclass(section):
+                continue
+            for sf in dataclasses.fields(section):
+                env[f"KWAL_{f.name.upper()}_{sf.name.upper()}"] = str(getattr(section, sf.name))
+        return env
+
     @classmethod
     def load(
         cls, path: str | os.PathLike[str] | None = None, environ: dict[str, str] | None = None

@@ -44,3 +44,14 @@ def test_bad_values_name_the_setting(tmp_path: Path) -> None:
     toml.write_text("[nosuch]\nx = 1\n")
     with pytest.raises(ConfigError, match=r"unknown section \[nosuch\]"):
         KwalConfig.load(toml, environ={})
+
+
+def test_to_env_round_trips(tmp_path: Path) -> None:
+    cfg = KwalConfig.load(environ={"KWAL_WAL_WINDOW": "77", "KWAL_KAFKA_SASL_USERNAME": "bob"})
+    cfg.tn.heartbeat_ms = 15
+    cfg.objectstore.url = "s3://b/p"
+    back = KwalConfig.load(environ=cfg.to_env())
+    assert back.wal.window == 77
+    assert back.tn.heartbeat_ms == 15
+    assert back.objectstore.url == "s3://b/p"
+    assert back.kafka_client()["sasl.username"] == "bob"

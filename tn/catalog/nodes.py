@@ -16,6 +16,9 @@ if TYPE_CHECKING:
     from tn.memtable.block import MemBlock
     from tn.memtable.table import TableData
 
+# The TN's own bookkeeping tables (request ids, progress) live here; the logtail skips it.
+SYSTEM_DB = "kwal_system"
+
 MAX_TS = (1 << 63) - 1  # "uncommitted" create@ / row commit ts, and "never" delete@
 ABORTED_TS = MAX_TS - 1  # commit ts of rows whose transaction aborted (never visible)
 
@@ -75,9 +78,14 @@ class SegmentNode(Node):
 
 
 class BlockNode(Node):
-    __slots__ = ("segment", "mem")
+    __slots__ = ("segment", "mem", "meta_loc", "delta_loc", "data_ts")
 
     def __init__(self, node_id: int, segment: SegmentNode, mem: MemBlock) -> None:
         super().__init__(node_id, CatalogKind.BLOCK)
         self.segment = segment
         self.mem = mem
+        # checkpoint (tn.checkpoint): the object holding the block's rows with commit ts
+        # <= data_ts, and the object holding its deletes; "" while never dumped
+        self.meta_loc = ""
+        self.delta_loc = ""
+        self.data_ts = 0

@@ -33,6 +33,7 @@ from schemas.logtail import (
     make_row_id,
 )
 from schemas.wal import Append, CatalogKind, Delete, TableSchema, UpdateCatalog, WalEntry
+from tn.catalog.nodes import SYSTEM_DB
 
 
 @dataclass(frozen=True)
@@ -74,16 +75,28 @@ def collect(entry: WalEntry, view: CatalogView) -> tuple[list[LogtailRecord], li
     catalog: list[LogtailRecord] = []
     tables: dict[int, _TableChanges] = {}
 
-    def changes_of(table_id: int) -> _TableChanges:
+    system: set[int] = set()  # table ids of the TN's own tables: not pushed
+
+    def changes_of(table_id: int) -> _TableChanges | None:
+        if table_id in system:
+            return None
         tc = tables.get(table_id)
         if tc is None:
-            tc = tables[table_id] = _TableChanges(view.table(table_id, cts), table_id)
+            info = view.table(table_id, cts)
+            if info.database == SYSTEM_DB:
+                system.add(table_id)
+                return None
+            tc = tables[table_id] = _TableChanges(info, table_id)
         return tc
 
     for cmd in entry.commands:
         if isinstance(cmd, UpdateCatalog):
-            catalog.extend(_catalog_records(cmd, cts, lsn, view))
+            if cmd.kind is CatalogKind.DATABASE or cmd.kind is CatalogKind.TABLE:
+                if view.database_name(cmd.dest.db_id) != SYSTEM_DB:
+                    catalog.extend(_catalog_records(cmd, cts, lsn, view))
         elif isinstance(cmd, Append):
+            if all(changes_of(i.dest.table_id) is None for i in cmd.infos):
+                continue
             batch = ipc_to_table(cmd.batch)
             for info in cmd.infos:
                 part = batch.slice(info.src_offset, info.src_length)
@@ -93,9 +106,13 @@ def collect(entry: WalEntry, view: CatalogView) -> tuple[list[LogtailRecord], li
                     pa.int64(),
                 )
                 part = part.add_column(0, COMMIT_TS, pa.array([cts] * part.num_rows, pa.int64()))
-                changes_of(info.dest.table_id).inserts.append(part.add_column(0, ROW_ID, ids))
+                target = changes_of(info.dest.table_id)
+                if target is not None:
+                    target.inserts.append(part.add_column(0, ROW_ID, ids))
         elif isinstance(cmd, Delete):
             tc = changes_of(cmd.dest.table_id)
+            if tc is None:
+                continue
             tc.delete_ids.extend(make_row_id(cmd.dest.block_id, r) for r in cmd.rows)
             tc.delete_keys.extend(view.primary_keys(cmd.dest.block_id, cmd.rows, tc.info))
     records = [_changes_record(tc, cts, lsn) for tc in tables.values()]

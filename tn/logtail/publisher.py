@@ -76,6 +76,18 @@ class LogtailPublisher:
         self._idle.clear()
         self._queue.put(ts)
 
+    def publish_records(self, records: list[LogtailRecord]) -> None:
+        """Queue ready-made table records (tn.checkpoint: BlockMeta after a flush, then
+        Checkpoint(manifest) once the manifest is written), in order with commits."""
+        self._idle.clear()
+        self._queue.put(list(records))
+
+    def publish_block_meta(self, records: list[LogtailRecord]) -> None:
+        self.publish_records(records)
+
+    def publish_checkpoint(self, records: list[LogtailRecord]) -> None:
+        self.publish_records(records)
+
     # -- lifecycle ------------------------------------------------------------
 
     def start(self) -> LogtailPublisher:
@@ -116,6 +128,9 @@ class LogtailPublisher:
                     if isinstance(it, int):
                         self._heartbeat(it)
                         published = False
+                    elif isinstance(it, list):
+                        for rec in it:
+                            self._produce(self.cfg.topics.logtail(rec.database, rec.table), rec)
                     else:
                         self._publish(it)
                         published = True

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from infra.config import KwalConfig
+from schemas.wal import WalEntry
 from tn.engine import Engine
 from tn.logtail.engine_view import EngineCatalogView
 from tn.logtail.heartbeat import Heartbeater
@@ -22,12 +24,21 @@ class Logtail:
         self.publisher.close()
 
 
-def attach_logtail(engine: Engine, cfg: KwalConfig, heartbeats: bool = True) -> Logtail:
+def attach_logtail(
+    engine: Engine, cfg: KwalConfig, heartbeats: bool = True, republish: Iterable[WalEntry] = ()
+) -> Logtail:
     """1. create the publisher (topics of every live table are ensured first);
-    2. register it as commit and heartbeat listener (in LSN order with commits);
-    3. start the heartbeat loop (cfg.tn.heartbeat_ms)."""
+    2. after a restart, publish again the logtail of every entry still in the WAL
+       (`republish`): a crash can fall between an entry's commit and its push,
+       and CNs drop what they already have by LSN, so pushing twice is harmless
+       while pushing never would lose a commit;
+    3. register it as commit and heartbeat listener (in LSN order with commits);
+    4. start the heartbeat loop (cfg.tn.heartbeat_ms)."""
     live = [f"{db}.{t}" for db, tables in engine.tables().items() for t in tables]
-    publisher = LogtailPublisher(cfg, EngineCatalogView(engine), live).start()
+    publisher = LogtailPublisher(cfg, EngineCatalogView(engine), live)
+    for entry in republish:
+        publisher.on_commit(entry)
+    publisher.start()
     engine.add_commit_listener(publisher.on_commit)
     engine.add_heartbeat_listener(publisher.on_heartbeat)
     beater = Heartbeater(engine, cfg.tn.heartbeat_ms).start() if heartbeats else None

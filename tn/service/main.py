@@ -51,7 +51,9 @@ def run(args: Any, cfg: KwalConfig) -> int:
         stream=sys.stderr,
     )
     from infra.topics import ensure_topics
+    from schemas.codec import decode_entry
     from tn.engine import Engine
+    from tn.logtail.wiring import attach_logtail
     from tn.service.service import TnService
 
     stop = threading.Event()
@@ -65,6 +67,9 @@ def run(args: Any, cfg: KwalConfig) -> int:
     ensure_topics(cfg)
     log = LogStore(open_driver(cfg))
     engine = Engine.recover(log, commit_queue=cfg.tn.commit_queue)
+    logtail = attach_logtail(
+        engine, cfg, republish=(decode_entry(r.payload) for r in log.records())
+    )
     service = TnService(cfg, engine)
     try:
         service.start()
@@ -75,6 +80,7 @@ def run(args: Any, cfg: KwalConfig) -> int:
                 return 1
         service.stop()
     finally:
+        logtail.close()
         engine.close()
         log.close()
     return 0

@@ -29,19 +29,12 @@ class TnProcess:
         empty = self.workdir / "empty.toml"
         empty.write_text("")
         env = {k: v for k, v in os.environ.items() if not k.startswith("KWAL_") or k in PASS_ENV}
+        env.update(self.cfg.to_env())
         env.update(
             KWAL_CONFIG=str(empty),
-            KWAL_BOOTSTRAP=self.cfg.bootstrap,
-            KWAL_TOPICS_PREFIX=self.cfg.topics.prefix,
-            KWAL_TOPICS_WAL_PARTITIONS=str(self.cfg.topics.wal_partitions),
-            KWAL_WAL_BACKEND=self.cfg.wal.backend,
             KWAL_WAL_DIR=str(Path(self.cfg.wal.dir).resolve()),
-            KWAL_WAL_RECOVERY_MODE=self.cfg.wal.recovery_mode,
             PYTHONPATH=str(REPO),
         )
-        for k, v in self.cfg.kafka.items():
-            if k != "bootstrap.servers":
-                env["KWAL_KAFKA_" + k.replace(".", "_").upper()] = v
         return env
 
     def start(self, timeout_s: float = 60.0) -> None:

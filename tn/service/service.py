@@ -102,6 +102,7 @@ from schemas.requests import (
     encode_result,
     peek_request_id,
 )
+from tn.catalog.nodes import SYSTEM_DB
 from tn.exceptions import ConflictError, EngineClosedError, LogFailedError, TnError
 from tn.exceptions import ValidationError as EngineValidationError
 from tn.service.apply import RequestInvalid, apply_ops, conform_rows, result_for_error
@@ -114,7 +115,6 @@ log = logging.getLogger("kwal.tn.service")
 # (one produce->consume hop: ~17 ms at 50, ~2-3 ms at 10, with a worse p99 at
 # 10). 25 is the compromise; override with KWAL_FETCH_WAIT_MS.
 FETCH_WAIT_MS = int(os.environ.get("KWAL_FETCH_WAIT_MS", "25"))
-SYSTEM_DB = "kwal_system"
 REQUESTS_TABLE = "requests"
 PROGRESS_TABLE = "progress"
 PROGRESS_KEY = "tn"
