@@ -33,7 +33,10 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.add_argument("--json", action="store_true", help="print JSON instead of a table")
     doctor.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the broker")
 
-    _command(sub, "demo", "infra.demo:run", "run the end-to-end demo on the embedded stack")
+    demo = _command(sub, "demo", "infra.demo:run", "run the end-to-end demo on the embedded stack")
+    demo.add_argument("--wal", choices=["kafka", "file"], default="kafka", help="the TN's log backend")
+    demo.add_argument("--services", type=int, default=4, help="producer services running at once")
+    demo.add_argument("--transactions", type=int, default=100, help="transactions per service")
 
     up = _command(sub, "up", "infra.stack:run_up", "start the embedded stack (broker + S3) in the background")
     up.add_argument("--broker-storage", choices=["memory", "s3"], default="memory")

@@ -1,49 +1,255 @@
 """`kwal demo`: the end-to-end demo on the embedded stack (the README's main job).
 
-1. start the embedded stack (loopback S3 + broker) unless one is configured;
-2. probe the broker's features (`kwal doctor`);
-3. provision kwal's topics;
-4. run the demo workload (grows with each issue: TN, producers, CNs);
-5. print a short report and stop everything it started.
+1. start the embedded stack (loopback S3 + broker) unless a Kafka is configured;
+2. probe the broker (`kwal doctor`) and provision the topics;
+3. start the TN as its own process (WAL on Kafka by default);
+4. create a database and two tables through the producers client;
+5. start a Python CN following both tables;
+6. run several producer services at once, with conflicting updates on hot rows;
+7. take a checkpoint (when the checkpoint module is present);
+8. kill the TN with SIGKILL mid-load and restart it; the services keep going;
+9. run the Spark CN (available-now) over the same logtail topics;
+10. stop the TN, rebuild its state from the WAL, and check that both CNs agree
+    with the TN at their watermarks; print a short report;
+11. stop everything it started.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import random
+import shutil
 import sys
 import tempfile
+import threading
 import time
+import uuid
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from infra.config import KwalConfig
 from infra.doctor import probe
-from infra.stack import start_stack, stop_stack
+from infra.stack import StackState, start_stack, stop_stack
 from infra.topics import ensure_topics
+
+TABLES = {
+    "shop.orders": ([("id", "int64"), ("customer", "string"), ("amount", "float64")], "id"),
+    "shop.stock": ([("sku", "int64"), ("qty", "int64")], "sku"),
+}
+HOT_SKUS = 5
+
+
+def say(msg: str) -> None:
+    print(f"[demo] {msg}", flush=True)
+
+
+@dataclass
+class Tally:
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    committed: int = 0
+    conflicts: int = 0
+    other_errors: int = 0
+    latencies_ms: list[float] = field(default_factory=list)
+
+    def add(self, ok: bool, conflict: bool, ms: float) -> None:
+        with self.lock:
+            if ok:
+                self.committed += 1
+                self.latencies_ms.append(ms)
+            elif conflict:
+                self.conflicts += 1
+            else:
+                self.other_errors += 1
+
+
+def _service(cfg: KwalConfig, name: str, first_id: int, count: int, tally: Tally, stop: threading.Event) -> None:
+    """One producer service: orders inserts, each with a stock update on a hot sku."""
+    from producers import Client, ConflictError, ProducerError
+
+    rng = random.Random(name)
+    with Client(cfg, name) as client:
+        for i in range(count):
+            if stop.is_set():
+                return
+            t = client.begin()
+            sku = rng.randrange(HOT_SKUS)
+            t.insert("shop.orders", [{"id": first_id + i, "customer": name, "amount": round(rng.uniform(1, 99), 2)}])
+            t.update("shop.stock", [{"sku": sku, "qty": rng.randrange(1000)}])
+            start = time.perf_counter()
+            try:
+                t.commit(timeout=60)
+                tally.add(True, False, (time.perf_counter() - start) * 1000)
+            except ConflictError:
+                tally.add(False, True, 0)
+            except ProducerError:
+                tally.add(False, False, 0)
+
+
+def _load(cfg: KwalConfig, services: int, per_service: int, first_id: int, tally: Tally) -> list[threading.Thread]:
+    stop = threading.Event()
+    threads = [
+        threading.Thread(
+            target=_service,
+            args=(cfg, f"svc{i}", first_id + i * per_service, per_service, tally, stop),
+            daemon=True,
+        )
+        for i in range(services)
+    ]
+    for th in threads:
+        th.start()
+    return threads
+
+
+def _own_stack(cfg: KwalConfig) -> tuple[KwalConfig, StackState]:
+    cfg.stack.state_dir = tempfile.mkdtemp(prefix="kwal-demo-")
+    say(f"starting the embedded stack in {cfg.stack.state_dir}")
+    stack = start_stack(cfg)
+    cfg = cfg.with_bootstrap(stack.broker_address)
+    cfg.objectstore = stack.object_store
+    return cfg, stack
 
 
 def run(args: Any, cfg: KwalConfig) -> int:
     started = time.monotonic()
-    own_stack = None
+    stack: StackState | None = None
     if not cfg.bootstrap_explicit and not getattr(args, "bootstrap", None):
-        cfg.stack.state_dir = tempfile.mkdtemp(prefix="kwal-demo-")
-        print(f"[demo] starting the embedded stack in {cfg.stack.state_dir}")
-        own_stack = start_stack(cfg)
-        cfg = cfg.with_bootstrap(own_stack.broker_address)
-        cfg.objectstore = own_stack.object_store
+        cfg, stack = _own_stack(cfg)
+    workdir = Path(tempfile.mkdtemp(prefix="kwal-demo-work-"))
+    cfg = dataclasses.replace(
+        cfg, topics=dataclasses.replace(cfg.topics, prefix=f"demo-{uuid.uuid4().hex[:6]}")
+    )
+    cfg.wal.backend = getattr(args, "wal", None) or "kafka"
+    cfg.wal.dir = str(workdir / "wal")
+    cfg.tn.heartbeat_ms = 20
     try:
-        print(f"[demo] Kafka at {cfg.bootstrap}; probing features")
-        features = probe(cfg)
-        for name, result in features.items():
-            print(f"[demo]   {name:<22} {result.status}")
-        ensure_topics(cfg)
-        print(f"[demo] topics ready under prefix {cfg.topics.prefix!r}")
-        report = {"kafka": cfg.bootstrap, "seconds": round(time.monotonic() - started, 1)}
-        print(f"[demo] report: {report}")
-        return 0
+        report = _demo(args, cfg, workdir)
+        report["seconds"] = round(time.monotonic() - started, 1)
+        say("report:")
+        for k, v in report.items():
+            print(f"  {k:<28} {v}", flush=True)
+        return 0 if report.get("agree") else 1
     except Exception as e:  # noqa: BLE001 - the demo reports any failure in one line
-        print(f"[demo] failed: {type(e).__name__}: {e}", file=sys.stderr)
+        say(f"failed: {type(e).__name__}: {e}")
         return 1
     finally:
-        if own_stack is not None:
-            stopped = stop_stack(own_stack)
-            print(f"[demo] stopped {', '.join(stopped)}; logs in {Path(own_stack.log_dir)}")
+        if stack is not None:
+            stopped = stop_stack(stack)
+            say(f"stopped {', '.join(stopped)}; logs in {stack.log_dir}")
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+def _demo(args: Any, cfg: KwalConfig, workdir: Path) -> dict[str, Any]:
+    from consumers.core.cn import CN
+    from producers import Client
+    from tn.service.process import TnProcess
+
+    services = int(getattr(args, "services", 4) or 4)
+    per_service = int(getattr(args, "transactions", 100) or 100)
+    report: dict[str, Any] = {"kafka": cfg.bootstrap, "wal_backend": cfg.wal.backend}
+
+    features = probe(cfg)
+    missing = [n for n, p in features.items() if not p.works]
+    say(f"Kafka at {cfg.bootstrap}; features missing: {', '.join(missing) or 'none'}")
+    ensure_topics(cfg)
+
+    tn = TnProcess(cfg, workdir)
+    say("starting the TN")
+    tn.start(timeout_s=120)
+    cn: CN | None = None
+    try:
+        with Client(cfg, "demo-admin") as admin:
+            t = admin.begin()
+            t.create_database("shop")
+            for name, (columns, pk) in TABLES.items():
+                t.create_table(name, columns, pk)
+            t.commit(timeout=60)
+            t = admin.begin()
+            t.insert("shop.stock", [{"sku": s, "qty": 100} for s in range(HOT_SKUS)])
+            t.commit(timeout=60)
+        say(f"created {', '.join(TABLES)}")
+        cn = CN(cfg, list(TABLES)).start()
+
+        tally = Tally()
+        say(f"{services} producer services x {per_service} transactions (hot rows: conflicts expected)")
+        threads = _load(cfg, services, per_service, 0, tally)
+        time.sleep(1.0)
+        say("SIGKILL the TN mid-load, then restart it")
+        tn.kill()
+        tn.start(timeout_s=120)
+        for th in threads:
+            th.join()
+        report["services"] = services
+        report["committed"] = tally.committed
+        report["conflicts"] = tally.conflicts
+        report["other_aborts_or_timeouts"] = tally.other_errors
+        if tally.latencies_ms:
+            lat = sorted(tally.latencies_ms)
+            report["commit_p50_ms"] = round(lat[len(lat) // 2], 1)
+
+        say("stopping the TN")
+        tn.terminate()
+        cn_mark = cn.watermark()
+        spark_report = _spark_cn(cfg, workdir)
+        engine_ok, details = _compare(cfg, cn, spark_report)
+        report.update(details)
+        report["cn_watermark"] = cn_mark
+        report["agree"] = engine_ok
+        return report
+    finally:
+        if cn is not None:
+            cn.close()
+        tn.kill()
+
+
+def _spark_cn(cfg: KwalConfig, workdir: Path) -> dict[str, Any] | None:
+    """Run the Spark CN job (available-now) over the tables; None where Spark is absent."""
+    try:
+        from consumers.spark import job
+    except ImportError:
+        return None
+    runner = getattr(job, "run_available_now", None)
+    if runner is None:
+        return None
+    say("running the Spark CN (available-now)")
+    result: dict[str, Any] = runner(cfg, list(TABLES), str(workdir / "spark-out"))
+    return result
+
+
+def _compare(cfg: KwalConfig, cn: Any, spark: dict[str, Any] | None) -> tuple[bool, dict[str, Any]]:
+    """Rebuild the TN from its WAL and compare every CN at its watermark."""
+    from tn.engine import Engine
+    from tn.logstore.driver import LogStore
+    from tn.service.main import open_driver
+
+    log = LogStore(open_driver(cfg))
+    engine = Engine.recover(log)
+    details: dict[str, Any] = {}
+    ok = True
+    try:
+        for name in TABLES:
+            db, _, table = name.partition(".")
+            mark = cn.watermark(name)
+            tn_rows = engine.read(db, table, mark).to_pylist()
+            cn_rows = cn.snapshot(name, mark).to_pylist()
+            same = tn_rows == cn_rows
+            ok &= same
+            details[f"{name} rows (TN=CN)"] = f"{len(tn_rows)}={len(cn_rows)} {'agree' if same else 'DIFFER'}"
+            if spark is not None and name in spark.get("tables", {}):
+                s = spark["tables"][name]
+                spark_rows = engine.read(db, table, s["watermark"]).to_pylist()
+                same = spark_rows == s["rows"]
+                ok &= same
+                details[f"{name} spark"] = f"{len(s['rows'])} rows at {s['watermark']} {'agree' if same else 'DIFFER'}"
+    finally:
+        engine.close()
+        log.close()
+    if spark is None:
+        details["spark_cn"] = "not run (consumers.spark.job has no run_available_now)"
+    return ok, details
+
+
+def main() -> int:  # pragma: no cover - `python -m infra.demo`
+    from infra.cli import main as cli
+
+    return cli(["demo", *sys.argv[1:]])
