@@ -65,6 +65,7 @@ class BrokerUnreachableError(RuntimeError):
 
 
 _cache: dict[str, BrokerFeatures] = {}
+_one_cache: dict[tuple[str, str], Probe] = {}
 _cache_lock = threading.Lock()
 
 
@@ -79,6 +80,35 @@ def probe(cfg: KwalConfig, timeout_s: float = 10.0, refresh: bool = False) -> Br
     return features
 
 
+def probe_one(cfg: KwalConfig, feature: str, timeout_s: float = 10.0) -> Probe:
+    """One feature only (e.g. "delete_records"): what a component asks at start-up,
+    without paying for the slow probes (retention waits seconds)."""
+    with _cache_lock:
+        if cfg.bootstrap in _cache:
+            return getattr(_cache[cfg.bootstrap], feature)
+        if (cfg.bootstrap, feature) in _one_cache:
+            return _one_cache[(cfg.bootstrap, feature)]
+    prober = _Prober(cfg, timeout_s)
+    prober.reachable()
+    result = prober._guard(getattr(prober, f"_{_PROBES[feature]}"))
+    prober._cleanup()
+    with _cache_lock:
+        _one_cache[(cfg.bootstrap, feature)] = result
+    return result
+
+
+# feature name -> the _Prober method that tries it
+_PROBES = {
+    "idempotent_producer": "idempotent",
+    "exact_high_watermark": "high_watermark",
+    "offsets_for_times": "offsets_for_times",
+    "transactions": "transactions",
+    "read_committed": "read_committed",
+    "retention_enforced": "retention",
+    "delete_records": "delete_records",
+}
+
+
 class _Prober:
     def __init__(self, cfg: KwalConfig, timeout_s: float) -> None:
         self.cfg = cfg
@@ -87,7 +117,7 @@ class _Prober:
         self.prefix = f"{cfg.topics.prefix}.doctor-{uuid.uuid4().hex[:8]}"
         self.created: list[str] = []
 
-    def run(self) -> BrokerFeatures:
+    def reachable(self) -> None:
         try:
             md = self.admin.list_topics(timeout=self.timeout_s)
             if not md.brokers:
@@ -96,6 +126,9 @@ class _Prober:
             raise BrokerUnreachableError(
                 f"no Kafka broker answered at {self.cfg.bootstrap} within {self.timeout_s:.0f}s ({e})"
             ) from e
+
+    def run(self) -> BrokerFeatures:
+        self.reachable()
         f = BrokerFeatures(self.cfg.bootstrap)
         f.idempotent_producer = self._guard(self._idempotent)
         f.exact_high_watermark = self._guard(self._high_watermark)

@@ -114,3 +114,10 @@ def test_up_status_down(tmp_path: Path) -> None:
     assert not (tmp_path / "state" / "stack.json").exists()
     assert kwal("status").returncode == 1
     assert LOG_DIR  # logs of test-started servers go to the shared test log dir
+
+
+def test_probe_one_answers_like_the_full_probe(kwal_config: KwalConfig) -> None:
+    from infra.doctor import probe_one
+
+    one = probe_one(kwal_config, "delete_records")
+    assert one.status == probe(kwal_config).delete_records.status

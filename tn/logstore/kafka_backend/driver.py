@@ -102,7 +102,7 @@ def broker_deletes_records(cfg: KwalConfig) -> bool:
     except ImportError:
         return False
     try:
-        return bool(doctor.probe(cfg).delete_records.works)
+        return doctor.probe_one(cfg, "delete_records").works
     except Exception as e:  # noqa: BLE001 - a failing probe means "don't"
         log.warning("kwal doctor probe failed (%s); WAL truncation will be logical only", e)
         return False
