@@ -91,6 +91,7 @@ class TnConfig:
     max_request_bytes: int = 8 << 20
     commit_queue: int = 4096
     metrics_port: int = 0  # 0 = no metrics endpoint
+    write_acl: str = ""  # client=db.t1|db.*;other=db2.* (empty: everyone writes everything)
 
 
 @dataclass

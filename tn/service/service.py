@@ -105,6 +105,7 @@ from schemas.requests import (
 from tn.catalog.nodes import SYSTEM_DB
 from tn.exceptions import ConflictError, EngineClosedError, LogFailedError, TnError
 from tn.exceptions import ValidationError as EngineValidationError
+from tn.service.acl import WriteAcl
 from tn.service.apply import RequestInvalid, apply_ops, conform_rows, result_for_error
 
 log = logging.getLogger("kwal.tn.service")
@@ -150,6 +151,7 @@ class TnService:
     ) -> None:
         self.cfg = cfg
         self.engine = engine
+        self.acl = WriteAcl(cfg.tn.write_acl)
         self.exactly_once = exactly_once
         self.max_inflight = max_inflight
         self.progress_interval_s = progress_interval_s
@@ -447,6 +449,13 @@ class TnService:
                 error = TxnResult.aborted(
                     rid, Kind.VALIDATION, Reason.UNDECODABLE, f"{type(e).__name__}: {e}"
                 )
+        if req is not None:
+            why = self.acl.denied(req)
+            if why is not None:
+                error = TxnResult.aborted(
+                    req.request_id, Kind.PERMISSION, "permission_denied", why, client_id=req.client_id
+                )
+                key, req = req.request_id.encode(), None
         if req is None:
             assert error is not None
             self._publish(_with(error, request_offset=offset), key, offset)
