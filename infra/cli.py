@@ -73,6 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
     query.add_argument("--table", required=True, help="db.table")
     query.add_argument("--ts", type=int, default=0, help="as of this ts (default: the watermark)")
     query.add_argument("--timeout", type=float, default=30.0, help="seconds to wait to catch up")
+    query.add_argument("--json", action="store_true", help="one JSON object per row")
     return parser
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from typing import Any
@@ -79,6 +80,6 @@ def run_query(args: Any, cfg: KwalConfig) -> int:
     finally:
         cn.close()
     for row in snap.to_pylist():
-        print(row)
+        print(json.dumps(row, default=str) if getattr(args, "json", False) else row)
     print(f"({snap.num_rows} rows as of ts {ts if ts else cn.watermark(args.table)})", file=sys.stderr)
     return 0
