@@ -9,6 +9,22 @@ from __future__ import annotations
 import pyarrow as pa
 
 from schemas.exceptions import DecodeError
+from schemas.wal import ColumnType, TableSchema
+
+# The Arrow type of each column type, everywhere: TN batches, logtail, Parquet blocks, CNs.
+ARROW_TYPES: dict[ColumnType, pa.DataType] = {
+    ColumnType.INT64: pa.int64(),
+    ColumnType.FLOAT64: pa.float64(),
+    ColumnType.STRING: pa.string(),
+    ColumnType.BOOL: pa.bool_(),
+    ColumnType.BINARY: pa.binary(),
+    ColumnType.TIMESTAMP: pa.timestamp("us", tz="UTC"),
+}
+
+
+def arrow_schema(schema: TableSchema) -> pa.Schema:
+    """The Arrow schema of a table's user columns, in column order."""
+    return pa.schema([pa.field(c.name, ARROW_TYPES[c.type], c.nullable) for c in schema.columns])
 
 # What a stream writer puts last: continuation marker + zero-length message. A
 # stream cut right after a complete message is otherwise indistinguishable from

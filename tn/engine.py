@@ -45,6 +45,7 @@ from tn.catalog.nodes import TableNode
 from tn.commit.pipeline import CommitListener, CommitPipeline
 from tn.exceptions import EngineClosedError, ValidationError
 from tn.logstore.driver import LogStore
+from tn.memtable.block import DroppedCols
 from tn.txn.clock import LOGICAL_BITS, HybridClock
 from tn.txn.rows import ARROW_TYPES, arrow_schema
 from tn.txn.transaction import Transaction
@@ -65,11 +66,22 @@ class Engine:
         self.clock = HybridClock()
         self.pipeline = CommitPipeline(self.catalog, log, self.clock, commit_queue)
         self._closed = False
+        # set by tn.checkpoint: reads the columns of blocks dropped from memory after a
+        # checkpoint dumped them: fn(object key, row count) -> column id -> Arrow array
+        # aligned on row offsets
+        self.block_columns: BlockColumns | None = None
 
     @classmethod
     def recover(cls, log: LogStore, **kw: Any) -> Engine:
-        """Rebuild the engine by replaying every entry of `log` (same ids, blocks, row offsets)."""
+        """Rebuild the engine by replaying every entry of `log` (same ids, blocks, row offsets).
+        A log truncated by a checkpoint lacks its head: use `tn.checkpoint.recover`."""
         from tn.replay import replay
+
+        if log.truncated() > 0:
+            raise ValueError(
+                f"the WAL is truncated at LSN {log.truncated()} (a checkpoint): recover with "
+                "tn.checkpoint.recover(log, object_store), which loads the checkpoint first"
+            )
 
         engine = cls(log, **kw)
         replay(engine, log.records())
@@ -141,7 +153,7 @@ class Engine:
         with CommitTS <= ts has become visible or failed."""
         ts = self._snapshot(ts)
         t, schema = self._table_at(database, table, ts)
-        return read_table(t, schema, ts)
+        return read_table(t, schema, ts, self.block_columns)
 
     def tables(self, ts: int | None = None) -> dict[str, list[str]]:
         """database -> sorted table names, for databases alive at ts."""
@@ -166,20 +178,38 @@ class Engine:
         self.pipeline.close()
 
 
-def read_table(t: TableNode, schema: TableSchema, ts: int) -> pa.Table:
+BlockColumns = Callable[[str, int], dict[int, pa.Array]]
+
+
+def read_table(
+    t: TableNode, schema: TableSchema, ts: int, block_columns: BlockColumns | None = None
+) -> pa.Table:
     target = arrow_schema(schema)
     chunks: list[list[pa.Array]] = [[] for _ in schema.columns]
     for blk, n in t.mem.block_rows():
-        if blk.create_ts > ts or n == 0:
+        if blk.create_ts > ts or blk.delete_ts <= ts or n == 0:
             continue
         mem = blk.mem
+        cols = mem.cols  # once: a checkpoint may swap in DroppedCols meanwhile
         mask = mem.visible_mask(ts, n)
         k = int(mask.sum())
         if k == 0:
             continue
         pmask = pa.array(mask)
+        if isinstance(cols, DroppedCols):
+            if block_columns is None:
+                raise RuntimeError(f"block {blk.id} is in object storage, but no reader is set")
+            loaded = block_columns(cols.loc, n)
+            for i, c in enumerate(schema.columns):
+                arr = loaded.get(c.column_id)
+                typ = ARROW_TYPES[c.type]
+                if arr is None:
+                    chunks[i].append(pa.nulls(k, typ))
+                else:
+                    chunks[i].append(arr.filter(pmask).cast(typ))
+            continue
         for i, c in enumerate(schema.columns):
-            col = mem.cols.get(c.column_id)
+            col = cols.get(c.column_id)
             typ = ARROW_TYPES[c.type]
             if col is None:
                 chunks[i].append(pa.nulls(k, typ))

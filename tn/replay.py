@@ -156,6 +156,20 @@ def _apply_catalog(cat: Catalog, cmd: UpdateCatalog, cts: int) -> None:
             blk.create_ts = n.create_ts
             seg.table.mem.add_block(blk)
             cat.register(blk)
+            if n.meta_loc:
+                # a block created with its rows in object storage (compact, merge, large
+                # transaction): the checkpoint layer loads it
+                blk.meta_loc = n.meta_loc
+                blk.delta_loc = n.delta_loc
+                if cat.block_loader is None:
+                    raise ReplayError(f"block {blk.id} is in object storage but no loader is set")
+                cat.block_loader(blk, cmd, cts)
+        elif n.meta_loc or n.delta_loc:  # a checkpoint flush
+            assert isinstance(blk, BlockNode)
+            if n.meta_loc:
+                blk.meta_loc = n.meta_loc
+            if n.delta_loc:
+                blk.delta_loc = n.delta_loc
         if n.delete_ts:
             blk.delete_ts = n.delete_ts
 

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import itertools
 import threading
+from collections.abc import Callable
 
-from schemas.wal import TableSchema
-from tn.catalog.nodes import DatabaseNode, Node, TableNode
+from schemas.wal import TableSchema, UpdateCatalog
+from tn.catalog.nodes import BlockNode, DatabaseNode, Node, TableNode
 from tn.memtable.table import TableData
 
 
@@ -22,6 +23,9 @@ class Catalog:
         self.nodes: dict[int, Node] = {}  # every database/table/segment/block by id
         self._ids = itertools.count(1)
         self._max_id = 0
+        # set by tn.checkpoint: loads a block created with its rows in object storage
+        # (replay of compact/merge/large-transaction entries): fn(block, command, commit ts)
+        self.block_loader: Callable[[BlockNode, UpdateCatalog, int], None] | None = None
 
     # -- ids -------------------------------------------------------------------
     def new_id(self) -> int:

@@ -78,14 +78,13 @@ class SegmentNode(Node):
 
 
 class BlockNode(Node):
-    __slots__ = ("segment", "mem", "meta_loc", "delta_loc", "data_ts")
+    __slots__ = ("segment", "mem", "meta_loc", "delta_loc")
 
     def __init__(self, node_id: int, segment: SegmentNode, mem: MemBlock) -> None:
         super().__init__(node_id, CatalogKind.BLOCK)
         self.segment = segment
         self.mem = mem
-        # checkpoint (tn.checkpoint): the object holding the block's rows with commit ts
-        # <= data_ts, and the object holding its deletes; "" while never dumped
+        # checkpoint (tn.checkpoint): the object holding the block's rows (with commit ts
+        # <= the ts in its key) and the object holding its deletes; "" while never dumped
         self.meta_loc = ""
         self.delta_loc = ""
-        self.data_ts = 0

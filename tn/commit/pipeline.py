@@ -310,6 +310,12 @@ class CommitPipeline:
             kind = op[0]
             if kind == "append":
                 continue
+            if kind == "sys":  # a system transaction's own conflict check (tn.checkpoint)
+                check = op[2]
+                err = check() if check is not None else None
+                if err is not None:
+                    return err
+                continue
             node: Node = op[1]
             if kind == "db_create":
                 if cat.db_name_ts.get(node.name, 0) > start:
@@ -398,6 +404,10 @@ class CommitPipeline:
                         dest = memo[blk.id] = Dest(db_id, t_id, seg.id, blk.id)
                     infos.append(AppendInfo(src, n, dest, row0, n))
                 cmds.append(Append(tuple(infos), next(bi)))
+            elif kind == "sys":
+                # a system transaction (checkpoint flush, compaction, large transaction):
+                # op[1](cts) applies its catalog changes and returns their WAL commands
+                cmds.extend(op[1](cts))
             elif kind == "db_create":
                 db: DatabaseNode = op[1]
                 db.create_ts = cts

@@ -18,6 +18,19 @@ from tn.catalog.nodes import MAX_TS
 BLOCK_ROWS = 8192
 
 
+class DroppedCols(dict[int, list[Any]]):
+    """`MemBlock.cols` of a block whose rows were dumped to object storage and dropped
+    from memory (tn.checkpoint): only the primary-key column stays (deletes and replay
+    need the key of a row); readers load the other columns from `loc`. A full block only
+    (no more appends), so `cts`/`dts` stay exact in memory."""
+
+    __slots__ = ("loc",)
+
+    def __init__(self, loc: str, pk: dict[int, list[Any]]) -> None:
+        super().__init__(pk)
+        self.loc = loc
+
+
 class MemBlock:
     __slots__ = ("cols", "cts", "dts")
 

@@ -20,7 +20,7 @@ serialized by a lock, so sharing one is safe too.
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
@@ -28,7 +28,7 @@ import pyarrow as pa
 
 from schemas.wal import ColumnDef, TableSchema
 from tn.catalog.nodes import ABORTED_TS, MAX_TS, BlockNode, DatabaseNode, Node, TableNode
-from tn.exceptions import TxnClosedError, ValidationError
+from tn.exceptions import TnError, TxnClosedError, ValidationError
 from tn.txn.rows import Batch, column_type, key_list, to_batch
 
 if TYPE_CHECKING:
@@ -283,6 +283,19 @@ class Transaction:
         wk.update(keys)
         self.dml_tables.add(t)
         self.ops.append(("append", t, batch, ranges))
+
+    def system_op(
+        self,
+        build: Callable[[int], list[Any]],
+        check: Callable[[], TnError | None] | None = None,
+    ) -> None:
+        """A system change (tn.checkpoint: flush, compact, merge, large transaction).
+        At commit, under the pipeline lock: `check()` (the conflict check; an error
+        aborts the transaction), then `build(commit_ts)` applies the change to the
+        catalog/index and returns its WAL commands (UpdateCatalog). build must not fail."""
+        with self._lock:
+            self._check_active()
+            self.ops.append(("sys", build, check))
 
     def delete(self, database: str, table: str, keys: Sequence[Any]) -> None:
         """Delete rows by primary key. A key with no live row in this transaction's view

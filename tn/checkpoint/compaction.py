@@ -1,0 +1,460 @@
+"""Compaction, merge (seed 004) and large transactions: metadata-only WAL entries.
+
+- compact_block: a background transaction copies a flushed, complete block's rows
+  live at its snapshot S, sorted by primary key, into a new block object; the WAL
+  gets only UpdateCatalog commands (old block delete@C, new block create@C with
+  metaLoc, reason COMPACT). Rows keep their commit ts, so reads at ts >= C see the
+  same rows through the new block, reads at ts < C still use the old one.
+- merge_segment: the same for every block of a segment whose blocks are all flushed
+  and complete: their live rows sorted by key into new blocks of a new segment
+  (reason MERGE); the old segment and blocks get delete@C.
+- attach_object (large transaction): a producer uploads a Parquet file with the
+  table's columns to object storage and commits a metadata-only transaction: the
+  TN validates it (object exists; columns and types match the schema; keys
+  non-null, unique, not live in the table and not written concurrently), lays it
+  out as block objects (`__row_id`, `__commit_ts`, columns) and logs only the new
+  blocks' metadata (reason LARGE_TXN). The rows never enter the WAL or memtable
+  (the key column does: the key index needs it).
+
+Conflicts: a compaction moves keys; a transaction that wrote one of them after S
+makes the compaction fail (ConflictError), and the compaction stamps the moved
+keys' last-write ts with C, so a transaction that started before C and deletes or
+updates one of them conflicts (retry) instead of deleting a row of the old block.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from infra.objectstore import ObjectStore
+from schemas.logtail import COMMIT_TS, ROW_ID, BlockMeta, LogtailRecord
+from schemas.wal import (
+    CatalogKind,
+    CatalogReason,
+    Command,
+    Dest,
+    EntryNode,
+    TableSchema,
+    UpdateCatalog,
+)
+from tn.catalog.nodes import ABORTED_TS, MAX_TS, BlockNode, SegmentNode, TableNode
+from tn.checkpoint.dump import (
+    OFFSET_BITS,
+    aligned_columns,
+    column_ids,
+    from_parquet,
+    table_columns,
+    to_parquet,
+)
+from tn.checkpoint.exceptions import LargeTxnError
+from tn.checkpoint.runner import block_complete, loc_ts
+from tn.exceptions import ConflictError, TnError, ValidationError
+from tn.memtable.block import BLOCK_ROWS, DroppedCols, MemBlock
+from tn.txn.rows import ARROW_TYPES
+
+Publish = Callable[[list[LogtailRecord]], None]
+
+
+def _publish(publish: Publish | None, t: TableNode, blocks: list[BlockNode]) -> None:
+    """BlockMeta records of the new (and deleted) blocks on the table's logtail topic,
+    so CNs read the same objects (`LogtailPublisher.publish_records`)."""
+    if publish is None:
+        return
+    recs = []
+    for b in blocks:
+        deleted = 0 if b.delete_ts == MAX_TS else b.delete_ts
+        meta = BlockMeta(
+            b.id, b.meta_loc, loc_ts(b.meta_loc) + 1, b.delta_loc, b.create_ts, deleted
+        )
+        recs.append(LogtailRecord(t.db.name, t.name, max(b.create_ts, deleted), meta, t.id))
+    publish(recs)
+
+
+def _table(engine: Any, database: str, table: str) -> tuple[TableNode, TableSchema]:
+    ts = engine.visible_ts
+    db = engine.catalog.database(database, ts)
+    t = engine.catalog.table(db, table, ts) if db is not None else None
+    if t is None:
+        raise ValidationError("unknown_table", f"unknown table {database}.{table}")
+    schema = t.schema_at(ts)
+    assert schema is not None
+    return t, schema
+
+
+def _compactable(blk: BlockNode) -> bool:
+    return (
+        blk.delete_ts == MAX_TS
+        and bool(blk.meta_loc)
+        and block_complete(blk, loc_ts(blk.meta_loc))
+        and isinstance(blk.mem.cols, DroppedCols)
+    )
+
+
+def _live_rows(engine: Any, blk: BlockNode, ts: int, t: TableNode) -> pa.Table:
+    """The block's rows live at ts (user columns by object name + `__commit_ts`)."""
+    mem = blk.mem
+    n = len(mem)
+    cts = np.array(mem.cts[:n], dtype=np.int64)
+    dts = np.array(mem.dts[:n], dtype=np.int64)
+    sel = np.nonzero((cts <= ts) & (dts > ts))[0]
+    dropped = blk.mem.cols
+    assert isinstance(dropped, DroppedCols)
+    arrays = engine.block_columns(dropped.loc, n)
+    idx = pa.array(sel, pa.int64())
+    cols: dict[str, pa.Array] = {COMMIT_TS: pa.array(cts[sel], pa.int64())}
+    for name, c in table_columns(t, ts):
+        typ = ARROW_TYPES[c.type]
+        arr = arrays.get(c.column_id)
+        cols[name] = arr.take(idx).cast(typ) if arr is not None else pa.nulls(len(sel), typ)
+    return pa.table(cols)
+
+
+def _block_object(rows: pa.Table, block_id: int, t: TableNode, ts: int) -> pa.Table:
+    """rows (`__commit_ts` + columns by name) laid out as block `block_id`'s object."""
+    import json
+
+    from tn.checkpoint.dump import COLUMNS_META
+
+    n = rows.num_rows
+    fields = [pa.field(ROW_ID, pa.int64()), pa.field(COMMIT_TS, pa.int64())]
+    data = [
+        pa.array((block_id << OFFSET_BITS) + np.arange(n, dtype=np.int64), pa.int64()),
+        rows.column(COMMIT_TS).combine_chunks().cast(pa.int64()),
+    ]
+    mapping = {}
+    for name, c in table_columns(t, ts):
+        typ = ARROW_TYPES[c.type]
+        fields.append(pa.field(name, typ))
+        mapping[name] = c.column_id
+        data.append(
+            rows.column(name).combine_chunks().cast(typ)
+            if name in rows.column_names
+            else pa.nulls(n, typ)
+        )
+    schema = pa.schema(fields, metadata={COLUMNS_META: json.dumps(mapping).encode()})
+    return pa.Table.from_arrays(data, schema=schema)
+
+
+def _new_block_mem(blk: BlockNode, loc: str, keys: list[Any], cts: list[int], pk: int) -> None:
+    """A block born in object storage: full (no appends), columns dropped, key kept."""
+    pad = BLOCK_ROWS - len(keys)
+    mem = blk.mem
+    mem.cts = list(cts) + [ABORTED_TS] * pad
+    mem.dts = [MAX_TS] * BLOCK_ROWS
+    mem.cols = DroppedCols(loc, {pk: list(keys) + [None] * pad})
+
+
+def _rewrite(
+    engine: Any,
+    store: ObjectStore,
+    t: TableNode,
+    schema: TableSchema,
+    old_blocks: list[BlockNode],
+    rows: pa.Table,
+    reason: CatalogReason,
+    snapshot: int,
+    new_segment: bool,
+    drop_segment: bool = False,
+    publish: Publish | None = None,
+) -> int:
+    """Commit the replacement of old_blocks by `rows` (sorted) in new blocks."""
+    cat = engine.catalog
+    pk_name = schema.primary_key
+    pk = schema.column(pk_name).column_id
+    rows = rows.sort_by([(pk_name, "ascending")])
+    n = rows.num_rows
+    seg_old = old_blocks[0].segment
+    seg = SegmentNode(cat.new_id(), t) if new_segment else seg_old
+    plans: list[tuple[BlockNode, str, list[Any], list[int]]] = []
+    for start in range(0, max(n, 1), BLOCK_ROWS):
+        chunk = rows.slice(start, BLOCK_ROWS)
+        if chunk.num_rows == 0:
+            break
+        blk = BlockNode(cat.new_id(), seg, MemBlock())
+        loc = f"data/{t.id}/{blk.id}-{snapshot:020d}.parquet"
+        store.put(loc, to_parquet(_block_object(chunk, blk.id, t, snapshot)))
+        plans.append(
+            (blk, loc, chunk.column(pk_name).to_pylist(), chunk.column(COMMIT_TS).to_pylist())
+        )
+    old_ids = {b.id for b in old_blocks}
+    keys_all = rows.column(pk_name).to_pylist()
+
+    def check() -> TnError | None:
+        for b in old_blocks:
+            if b.delete_ts != MAX_TS:
+                return ConflictError("write_conflict", f"block {b.id} was already replaced")
+        idx = t.mem.index
+        for k in keys_all:
+            e = idx.get(k)
+            if e is None or e[2] > snapshot or e[0].id not in old_ids or not e[3]:
+                return ConflictError("write_conflict", f"key {k!r} was written during compaction")
+        if t.delete_ts != MAX_TS:
+            return ConflictError("ddl_conflict", "table dropped during compaction")
+        return None
+
+    def build(cts: int) -> list[Command]:
+        out: list[Command] = []
+        db_id = t.db.id
+        if new_segment:
+            seg.create_ts = cts
+            t.mem.add_segment(seg)
+            cat.register(seg)
+            out.append(
+                UpdateCatalog(
+                    CatalogKind.SEGMENT, Dest(db_id, t.id, seg.id), EntryNode(cts), reason
+                )
+            )
+        idx = t.mem.index
+        for blk, loc, keys, row_cts in plans:
+            _new_block_mem(blk, loc, keys, row_cts, pk)
+            blk.meta_loc = loc
+            blk.create_ts = cts
+            t.mem.add_block(blk)
+            cat.register(blk)
+            for row, k in enumerate(keys):
+                idx[k] = [blk, row, cts, True]
+            out.append(
+                UpdateCatalog(
+                    CatalogKind.BLOCK,
+                    Dest(db_id, t.id, seg.id, blk.id),
+                    EntryNode(cts, meta_loc=loc),
+                    reason,
+                )
+            )
+        for b in old_blocks:
+            b.delete_ts = cts
+            out.append(
+                UpdateCatalog(
+                    CatalogKind.BLOCK,
+                    Dest(db_id, t.id, b.segment.id, b.id),
+                    EntryNode(b.create_ts, cts, meta_loc=b.meta_loc, delta_loc=b.delta_loc),
+                    reason,
+                )
+            )
+        if drop_segment:
+            seg_old.delete_ts = cts
+            out.append(
+                UpdateCatalog(
+                    CatalogKind.SEGMENT,
+                    Dest(db_id, t.id, seg_old.id),
+                    EntryNode(seg_old.create_ts, cts),
+                    reason,
+                )
+            )
+        return out
+
+    txn = engine.begin()
+    txn.system_op(build, check)
+    result: int = txn.commit().result()
+    _publish(publish, t, [p[0] for p in plans] + old_blocks)
+    return result
+
+
+def compact_block(
+    engine: Any,
+    store: ObjectStore,
+    database: str,
+    table: str,
+    block_id: int,
+    publish: Publish | None = None,
+) -> int:
+    """Sort one flushed, complete block by primary key into a new block; returns the
+    compaction's commit ts. Raises ValidationError if the block cannot be compacted
+    (not flushed/complete yet: checkpoint first) and ConflictError on a concurrent write."""
+    t, schema = _table(engine, database, table)
+    blk = engine.catalog.nodes.get(block_id)
+    if not isinstance(blk, BlockNode) or blk.segment.table is not t or not _compactable(blk):
+        raise ValidationError("bad_request", f"block {block_id} is not a flushed, complete block")
+    s = engine.heartbeat().result()
+    rows = _live_rows(engine, blk, s, t)
+    return _rewrite(
+        engine, store, t, schema, [blk], rows, CatalogReason.COMPACT, s, False, False, publish
+    )
+
+
+def merge_segment(
+    engine: Any,
+    store: ObjectStore,
+    database: str,
+    table: str,
+    segment_id: int,
+    publish: Publish | None = None,
+) -> int:
+    """Merge the flushed, complete blocks of a segment into sorted blocks of a new
+    segment; returns the merge's commit ts."""
+    t, schema = _table(engine, database, table)
+    seg = engine.catalog.nodes.get(segment_id)
+    if not isinstance(seg, SegmentNode) or seg.table is not t or seg.delete_ts != MAX_TS:
+        raise ValidationError(
+            "bad_request", f"segment {segment_id} is not a live segment of {table}"
+        )
+    live = [b for b in seg.blocks if b.delete_ts == MAX_TS]
+    blocks = [b for b in live if _compactable(b)]
+    if not blocks:
+        raise ValidationError("bad_request", f"segment {segment_id} has no flushed, complete block")
+    s = engine.heartbeat().result()
+    rows = pa.concat_tables([_live_rows(engine, b, s, t) for b in blocks])
+    # the old segment is deleted when every block of it was merged (else the open block
+    # stays in it)
+    return _rewrite(
+        engine,
+        store,
+        t,
+        schema,
+        blocks,
+        rows,
+        CatalogReason.MERGE,
+        s,
+        True,
+        len(blocks) == len(live),
+        publish,
+    )
+
+
+def attach_object(
+    engine: Any,
+    store: ObjectStore,
+    database: str,
+    table: str,
+    key: str,
+    publish: Publish | None = None,
+) -> int:
+    """Commit a large transaction: the rows of the Parquet object `key` (the table's
+    columns by name) are added to the table; only metadata goes through the WAL.
+    Returns the commit ts. Raises LargeTxnError (missing object, schema mismatch,
+    duplicate or null keys) or ConflictError (a key written concurrently)."""
+    t, schema = _table(engine, database, table)
+    if not store.exists(key):
+        raise LargeTxnError("missing_object", f"object {key!r} does not exist")
+    try:
+        data = from_parquet(store.get(key))
+    except Exception as e:
+        raise LargeTxnError("bad_object", f"object {key!r} is not a Parquet file: {e}") from e
+    names = [c.name for c in schema.columns]
+    extra = set(data.column_names) - set(names)
+    if extra:
+        raise LargeTxnError("schema_mismatch", f"columns not in {table}: {sorted(extra)}")
+    cols: dict[str, pa.ChunkedArray | pa.Array] = {}
+    for c in schema.columns:
+        typ = ARROW_TYPES[c.type]
+        if c.name not in data.column_names:
+            if not c.nullable:
+                raise LargeTxnError("schema_mismatch", f"column {c.name!r} is missing")
+            cols[c.name] = pa.nulls(data.num_rows, typ)
+            continue
+        col = data.column(c.name)
+        if col.type != typ:
+            try:
+                col = col.cast(typ)
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
+                raise LargeTxnError(
+                    "schema_mismatch", f"column {c.name!r} is {col.type}, not {typ}"
+                ) from e
+        if not c.nullable and col.null_count:
+            raise LargeTxnError("schema_mismatch", f"column {c.name!r} has nulls")
+        cols[c.name] = col
+    cols[COMMIT_TS] = pa.array(np.zeros(data.num_rows, dtype=np.int64))
+    rows = pa.table(cols)
+    pk_name = schema.primary_key
+    keys = rows.column(pk_name).to_pylist()
+    if pc.count_distinct(rows.column(pk_name)).as_py() != len(keys):
+        raise LargeTxnError("duplicate_key", "duplicate primary keys in the object")
+    start = engine.visible_ts
+    idx = t.mem.index
+    for k in keys:
+        hit = idx.get(k)
+        if hit is not None and hit[3] and hit[2] <= start:
+            raise LargeTxnError("duplicate_key", f"duplicate primary key {k!r}")
+    rows = rows.sort_by([(pk_name, "ascending")])
+    keys = rows.column(pk_name).to_pylist()
+    pk = schema.column(pk_name).column_id
+    cat = engine.catalog
+    seg = SegmentNode(cat.new_id(), t)
+    plans: list[tuple[BlockNode, str, list[Any]]] = []
+    if rows.num_rows > 16 * BLOCK_ROWS:
+        raise LargeTxnError("oversized", f"at most {16 * BLOCK_ROWS} rows per object")
+    for s0 in range(0, rows.num_rows, BLOCK_ROWS):
+        chunk = rows.slice(s0, BLOCK_ROWS)
+        blk = BlockNode(cat.new_id(), seg, MemBlock())
+        loc = f"data/{t.id}/{blk.id}-{0:020d}.parquet"
+        store.put(loc, to_parquet(_block_object(chunk, blk.id, t, start)))
+        plans.append((blk, loc, chunk.column(pk_name).to_pylist()))
+
+    def check() -> TnError | None:
+        if t.delete_ts != MAX_TS or t.ddl_ts > start:
+            return ConflictError("ddl_conflict", f"table {table} was dropped or altered")
+        for k in keys:
+            e = idx.get(k)
+            if e is not None and (e[2] > start or e[3]):
+                return ConflictError("write_conflict", f"key {k!r} was written concurrently")
+        return None
+
+    def build(cts: int) -> list[Command]:
+        seg.create_ts = cts
+        t.mem.add_segment(seg)
+        cat.register(seg)
+        out: list[Command] = [
+            UpdateCatalog(
+                CatalogKind.SEGMENT,
+                Dest(t.db.id, t.id, seg.id),
+                EntryNode(cts),
+                CatalogReason.LARGE_TXN,
+            )
+        ]
+        for blk, loc, bkeys in plans:
+            _new_block_mem(blk, loc, bkeys, [cts] * len(bkeys), pk)
+            blk.meta_loc = loc
+            blk.create_ts = cts
+            t.mem.add_block(blk)
+            cat.register(blk)
+            for row, k in enumerate(bkeys):
+                idx[k] = [blk, row, cts, True]
+            out.append(
+                UpdateCatalog(
+                    CatalogKind.BLOCK,
+                    Dest(t.db.id, t.id, seg.id, blk.id),
+                    EntryNode(cts, meta_loc=loc),
+                    CatalogReason.LARGE_TXN,
+                )
+            )
+        return out
+
+    txn = engine.begin()
+    txn.system_op(build, check)
+    result: int = txn.commit().result()
+    _publish(publish, t, [p[0] for p in plans])
+    return result
+
+
+def apply_object_block(blk: BlockNode, cmd: UpdateCatalog, cts: int, store: ObjectStore) -> None:
+    """Replay of a block created in object storage (`Catalog.block_loader`): load its
+    commit ts and key column; the key index points at it (it replaced the old rows)."""
+    t = blk.segment.table
+    schema = t.schemas[-1][1]
+    pk_name = schema.primary_key
+    pk = schema.column(pk_name).column_id
+    data = from_parquet(store.get(blk.meta_loc))
+    ids = {cid: name for name, cid in column_ids(data).items()}
+    keys = data.column(ids[pk]).to_pylist() if pk in ids else []
+    if cmd.reason == CatalogReason.LARGE_TXN:
+        row_cts = [cts] * len(keys)
+    else:
+        row_cts = data.column(COMMIT_TS).to_pylist()
+    _new_block_mem(blk, blk.meta_loc, keys, row_cts, pk)
+    idx = t.mem.index
+    for row, k in enumerate(keys):
+        idx[k] = [blk, row, cts, True]
+
+
+__all__ = [
+    "aligned_columns",
+    "apply_object_block",
+    "attach_object",
+    "compact_block",
+    "merge_segment",
+]

@@ -1,0 +1,132 @@
+"""The checkpoint manifest and the catalog snapshot it points to.
+
+Object keys (under the store's prefix):
+
+    checkpoints/catalog/<ts:020d>.json    the catalog as of ts (every committed node,
+                                          its create@/delete@ <= ts, schemas, block
+                                          locations)
+    checkpoints/manifests/<ts:020d>.json  the manifest: ts, the WAL LSN it covers, the
+                                          catalog object, the objects written, logtail
+                                          offsets. Written LAST: a manifest exists only
+                                          for a complete checkpoint.
+    data/<table id>/<block id>-<ts>.parquet, ...-<ts>.delta.parquet
+
+JSON with a `version` field (not the Avro envelope: the catalog snapshot is a deep,
+mostly-optional tree; JSON keeps it readable for operators).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from infra.objectstore import ObjectStore
+from schemas.wal import ColumnDef, ColumnType, TableSchema
+
+VERSION = 1
+MANIFESTS = "checkpoints/manifests/"
+CATALOGS = "checkpoints/catalog/"
+
+
+def manifest_key(ts: int) -> str:
+    return f"{MANIFESTS}{ts:020d}.json"
+
+
+def catalog_key(ts: int) -> str:
+    return f"{CATALOGS}{ts:020d}.json"
+
+
+@dataclass
+class BlockEntry:
+    id: int
+    segment_id: int
+    table_id: int
+    create_ts: int
+    delete_ts: int  # 0: alive at ts
+    meta_loc: str
+    delta_loc: str
+    data_ts: int  # meta_loc holds the rows with commit ts <= data_ts
+    rows: int  # row count (offsets) the object covers
+    complete: bool  # meta_loc holds every row the block will ever have
+
+
+@dataclass
+class CatalogSnapshot:
+    ts: int
+    max_id: int
+    databases: list[dict[str, Any]] = field(default_factory=list)
+    tables: list[dict[str, Any]] = field(default_factory=list)
+    segments: list[dict[str, Any]] = field(default_factory=list)
+    blocks: list[BlockEntry] = field(default_factory=list)
+
+    def encode(self) -> bytes:
+        d = asdict(self)
+        d["version"] = VERSION
+        return json.dumps(d, separators=(",", ":")).encode()
+
+    @classmethod
+    def decode(cls, data: bytes) -> CatalogSnapshot:
+        d = json.loads(data)
+        d.pop("version", None)
+        d["blocks"] = [BlockEntry(**b) for b in d["blocks"]]
+        return cls(**d)
+
+
+@dataclass
+class Manifest:
+    ts: int  # t1: everything committed at or below it is in the checkpoint
+    lsn: int  # the WAL LSN of the last transaction with commit ts <= ts
+    prev_ts: int  # t0 (0 for the first checkpoint)
+    catalog: str  # key of the CatalogSnapshot
+    objects: dict[str, int] = field(default_factory=dict)  # every live object -> bytes
+    written: list[str] = field(default_factory=list)  # objects written by this checkpoint
+    logtail_offsets: dict[str, int] = field(default_factory=dict)
+    created_at: float = 0.0
+
+    @property
+    def key(self) -> str:
+        return manifest_key(self.ts)
+
+    @property
+    def object_bytes(self) -> int:
+        return sum(self.objects.values())
+
+    def encode(self) -> bytes:
+        d = asdict(self)
+        d["version"] = VERSION
+        return json.dumps(d, separators=(",", ":")).encode()
+
+    @classmethod
+    def decode(cls, data: bytes) -> Manifest:
+        d = json.loads(data)
+        d.pop("version", None)
+        return cls(**d)
+
+
+def schema_out(s: TableSchema) -> dict[str, Any]:
+    return {
+        "columns": [[c.column_id, c.name, c.type.value, c.nullable] for c in s.columns],
+        "primary_key": s.primary_key,
+        "version": s.version,
+    }
+
+
+def schema_in(d: dict[str, Any]) -> TableSchema:
+    cols = tuple(ColumnDef(int(c[0]), c[1], ColumnType(c[2]), bool(c[3])) for c in d["columns"])
+    return TableSchema(cols, d["primary_key"], int(d["version"]))
+
+
+def list_manifests(store: ObjectStore) -> list[Manifest]:
+    """Every complete checkpoint, oldest first."""
+    out = []
+    for key in store.list(MANIFESTS):
+        if key.endswith(".json"):
+            out.append(Manifest.decode(store.get(key)))
+    out.sort(key=lambda m: m.ts)
+    return out
+
+
+def newest_manifest(store: ObjectStore) -> Manifest | None:
+    keys = sorted(k for k in store.list(MANIFESTS) if k.endswith(".json"))
+    return Manifest.decode(store.get(keys[-1])) if keys else None

@@ -1,0 +1,219 @@
+"""Recovery (DESIGN "Data flow" 7): newest complete manifest -> catalog and block index
+rebuilt from object storage -> WAL replayed from the manifest's LSN.
+
+Blocks whose object holds every row they will ever have are loaded without their
+columns (row commit ts, delete ts from the delta object, and the primary key only:
+the key index and later deletes need them); reads load the columns from the object.
+Other blocks (still open at the checkpoint) are loaded whole, at their row offsets,
+so the WAL after the checkpoint lands where it landed before (physical replay).
+Recovery reads no WAL before the checkpoint, and no column but the key of flushed
+blocks.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from infra.objectstore import ObjectStore
+from schemas.codec import decode_entry
+from schemas.logtail import COMMIT_TS, ROW_ID
+from schemas.wal import UpdateCatalog
+from tn.catalog.nodes import ABORTED_TS, MAX_TS, BlockNode, DatabaseNode, SegmentNode, TableNode
+from tn.checkpoint.dump import BlockReader, column_ids, from_parquet
+from tn.checkpoint.exceptions import CheckpointError
+from tn.checkpoint.manifest import CatalogSnapshot, Manifest, newest_manifest, schema_in
+from tn.checkpoint.runner import CheckpointRunner, Touched
+from tn.engine import Engine
+from tn.logstore.driver import LogStore
+from tn.memtable.block import BLOCK_ROWS, DroppedCols, MemBlock
+from tn.replay import apply_entry
+
+_MASK = (1 << 16) - 1
+
+
+@dataclass
+class Recovered:
+    engine: Engine
+    store: ObjectStore
+    manifest: Manifest | None
+    touched: list[Touched] = field(default_factory=list)
+    replayed: int = 0
+    load_s: float = 0.0
+    replay_s: float = 0.0
+
+    def runner(self, **kw: Any) -> CheckpointRunner:
+        """The checkpoint runner continuing from this recovery."""
+        return CheckpointRunner(
+            self.engine, self.store, last=self.manifest, touched=self.touched, **kw
+        )
+
+
+def recover(log: LogStore, store: ObjectStore, **engine_kw: Any) -> Recovered:
+    # Recovery allocates millions of long-lived objects (key index, row metadata): the
+    # cyclic GC would rescan them over and over; it is paused meanwhile, and what
+    # recovery built is frozen (never rescanned) afterwards.
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return _recover(log, store, **engine_kw)
+    finally:
+        gc.freeze()
+        if enabled:
+            gc.enable()
+
+
+def _recover(log: LogStore, store: ObjectStore, **engine_kw: Any) -> Recovered:
+    t0 = time.perf_counter()
+    engine = Engine(log, **engine_kw)
+    engine.block_columns = BlockReader(store)
+    engine.catalog.block_loader = BlockLoader(store)
+    m = newest_manifest(store)
+    if m is not None:
+        if log.truncated() > m.lsn:
+            raise CheckpointError(
+                f"the WAL is truncated at {log.truncated()}, beyond the newest checkpoint's "
+                f"LSN {m.lsn}: entries are missing"
+            )
+        snap = CatalogSnapshot.decode(store.get(m.catalog))
+        load_catalog(engine, snap, store)
+    t1 = time.perf_counter()
+    rec = Recovered(engine, store, m, load_s=t1 - t0)
+    cat = engine.catalog
+    max_id = 0
+    last_ts = m.ts if m is not None else 0
+    from_lsn = m.lsn + 1 if m is not None else None
+    for r in log.records(from_lsn):
+        entry = decode_entry(r.payload)
+        max_id = max(max_id, apply_entry(cat, entry))
+        cts = entry.txn.commit_ts
+        last_ts = max(last_ts, cts)
+        rec.touched.append(Touched(cts, entry.lsn, tuple(d.block_id for d in entry.txn.memo)))
+        rec.replayed += 1
+    cat.reserve_ids(max_id)
+    engine.clock.observe(last_ts)
+    engine.pipeline.visible_ts = max(engine.pipeline.visible_ts, last_ts)
+    rec.replay_s = time.perf_counter() - t1
+    return rec
+
+
+def load_catalog(engine: Engine, snap: CatalogSnapshot, store: ObjectStore) -> None:
+    cat = engine.catalog
+    for d in sorted(snap.databases, key=lambda x: x["id"]):
+        db = cat.add_database(d["name"], node_id=d["id"])
+        db.create_ts = d["create_ts"]
+        cat.db_name_ts[db.name] = d["create_ts"]
+        if d["delete_ts"]:
+            db.delete_ts = d["delete_ts"]
+            cat.db_name_ts[db.name] = d["delete_ts"]
+    for d in sorted(snap.tables, key=lambda x: x["id"]):
+        parent = cat.nodes[d["db_id"]]
+        assert isinstance(parent, DatabaseNode)
+        t = cat.add_table(parent, d["name"], node_id=d["id"])
+        t.create_ts = d["create_ts"]
+        t.schemas = [(int(ts), schema_in(s)) for ts, s in d["schemas"]]
+        t.ddl_ts = t.schemas[-1][0]
+        last = d["create_ts"]
+        if d["delete_ts"]:
+            t.delete_ts = t.ddl_ts = last = d["delete_ts"]
+        parent.name_ts[t.name] = max(parent.name_ts.get(t.name, 0), last)
+        parent.child_ts = max(parent.child_ts, last)
+    for d in sorted(snap.segments, key=lambda x: x["id"]):
+        tn = cat.nodes[d["table_id"]]
+        assert isinstance(tn, TableNode)
+        seg = SegmentNode(d["id"], tn)
+        seg.create_ts = d["create_ts"]
+        if d["delete_ts"]:
+            seg.delete_ts = d["delete_ts"]
+        tn.mem.add_segment(seg)
+        cat.register(seg)
+    for b in sorted(snap.blocks, key=lambda x: x.id):
+        sn = cat.nodes[b.segment_id]
+        assert isinstance(sn, SegmentNode)
+        blk = BlockNode(b.id, sn, MemBlock())
+        blk.create_ts = b.create_ts
+        if b.delete_ts:
+            blk.delete_ts = b.delete_ts
+        blk.meta_loc, blk.delta_loc = b.meta_loc, b.delta_loc
+        if b.meta_loc:
+            load_block(blk, store, columns=not b.complete)
+        sn.table.mem.add_block(blk)
+        cat.register(blk)
+    cat.reserve_ids(snap.max_id)
+    for node in list(cat.nodes.values()):
+        if isinstance(node, TableNode):
+            rebuild_index(node)
+    engine.clock.observe(snap.ts)
+    engine.pipeline.visible_ts = snap.ts
+
+
+def load_block(blk: BlockNode, store: ObjectStore, *, columns: bool, cts_override: int = 0) -> None:
+    """Fill blk.mem from its objects: commit ts, delete ts, and the key column (all
+    columns when `columns`, else DroppedCols)."""
+    t = blk.segment.table
+    schema = t.schemas[-1][1]
+    pk_cid = schema.column(schema.primary_key).column_id
+    data = from_parquet(store.get(blk.meta_loc))
+    ids = column_ids(data)
+    offs = np.asarray(data.column(ROW_ID).to_numpy(), dtype=np.int64) & _MASK
+    n = BLOCK_ROWS if not columns else (int(offs.max()) + 1 if len(offs) else 0)
+    cts = np.full(n, ABORTED_TS, dtype=np.int64)
+    cts[offs] = cts_override if cts_override else data.column(COMMIT_TS).to_numpy()
+    dts = np.full(n, MAX_TS, dtype=np.int64)
+    if blk.delta_loc:
+        delta = from_parquet(store.get(blk.delta_loc))
+        doffs = np.asarray(delta.column(ROW_ID).to_numpy(), dtype=np.int64) & _MASK
+        dts[doffs] = delta.column(COMMIT_TS).to_numpy()
+    mem = blk.mem
+    mem.cts = cts.tolist()
+    mem.dts = dts.tolist()
+    cols: dict[int, list[Any]] = {}
+    for name, cid in ids.items():
+        if not columns and cid != pk_cid:
+            continue
+        col: list[Any] = [None] * n
+        for o, v in zip(offs.tolist(), data.column(name).to_pylist(), strict=True):
+            col[o] = v
+        cols[cid] = col
+    mem.cols = cols if columns else DroppedCols(blk.meta_loc, cols)
+
+
+def rebuild_index(t: TableNode) -> None:
+    """The primary-key index from the blocks' rows: key -> newest write."""
+    schema = t.schemas[-1][1]
+    pk_cid = schema.column(schema.primary_key).column_id
+    idx = t.mem.index
+    for blk in t.mem.blocks:
+        if blk.delete_ts != MAX_TS:
+            continue
+        mem = blk.mem
+        keys = mem.cols.get(pk_cid)
+        if keys is None:
+            continue
+        for row, (c, d) in enumerate(zip(mem.cts, mem.dts, strict=False)):
+            if c >= ABORTED_TS:
+                continue
+            k = keys[row]
+            if d == MAX_TS:
+                idx[k] = [blk, row, c, True]
+            else:
+                e = idx.get(k)
+                if e is None or (not e[3] and e[2] < d):
+                    idx[k] = [blk, row, d, False]
+
+
+class BlockLoader:
+    """`Catalog.block_loader`: replay of a block created with its rows in object storage
+    (compact, merge, large transaction)."""
+
+    def __init__(self, store: ObjectStore) -> None:
+        self.store = store
+
+    def __call__(self, blk: BlockNode, cmd: UpdateCatalog, cts: int) -> None:
+        from tn.checkpoint.compaction import apply_object_block
+
+        apply_object_block(blk, cmd, cts, self.store)

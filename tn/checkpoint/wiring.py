@@ -1,0 +1,42 @@
+"""Wiring the checkpoint layer into the TN process (for tn/service/main.py).
+
+log = LogStore(open_driver(cfg))
+rec = recover_from_config(log, cfg)          # instead of Engine.recover(log)
+engine = rec.engine
+logtail = attach_logtail(engine, cfg, republish=...)
+runner = start_checkpoints(rec, cfg, publish=logtail.publisher.publish_records)
+...
+runner.stop(); engine.close(); log.close()
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from infra.config import KwalConfig
+from infra.objectstore import open_store
+from schemas.logtail import LogtailRecord
+from tn.checkpoint.recovery import Recovered, recover
+from tn.checkpoint.runner import CheckpointRunner
+from tn.logstore.driver import LogStore
+
+
+def recover_from_config(log: LogStore, cfg: KwalConfig, **engine_kw: Any) -> Recovered:
+    """The engine from cfg.objectstore's newest checkpoint + the WAL after it."""
+    engine_kw.setdefault("commit_queue", cfg.tn.commit_queue)
+    return recover(log, open_store(cfg.objectstore), **engine_kw)
+
+
+def start_checkpoints(
+    rec: Recovered,
+    cfg: KwalConfig,
+    publish: Callable[[list[LogtailRecord]], None] | None = None,
+) -> CheckpointRunner:
+    """The background checkpoint task: every cfg.tn.checkpoint_interval_s, or sooner
+    once about cfg.tn.checkpoint_wal_bytes of WAL follow the last checkpoint."""
+    return rec.runner(
+        interval_s=cfg.tn.checkpoint_interval_s,
+        wal_bytes=cfg.tn.checkpoint_wal_bytes,
+        publish=publish,
+    ).start()
