@@ -62,6 +62,17 @@ def build_parser() -> argparse.ArgumentParser:
     blog.add_argument("--seconds", type=float, default=5.0, help="seconds per target rate")
     blog.add_argument("--apply-txns", type=int, default=2000, help="100-row txns for the apply rate")
 
+    brec = _command(bench, "recovery", "infra.bench.recovery:run", "restart-to-serving after a checkpoint")
+    brec.add_argument("--rows", type=int, default=1_000_000, help="rows checkpointed")
+    brec.add_argument("--wal-entries", type=int, nargs="+", default=[10_000, 100_000],
+                      help="WAL entries after the checkpoint, one run each")
+
+    ckpt = sub.add_parser("checkpoint", help="checkpoints").add_subparsers(dest="ckpt_command", required=True)
+    now = _command(ckpt, "now", "tn.checkpoint.commands:run_now", "take a checkpoint now (TN stopped)")
+    now.add_argument("--json", action="store_true")
+    lst = _command(ckpt, "list", "tn.checkpoint.commands:run_list", "list checkpoints: ts, LSN, objects, bytes")
+    lst.add_argument("--json", action="store_true")
+
     tn = sub.add_parser("tn", help="the transaction node").add_subparsers(dest="tn_command", required=True)
     _command(tn, "run", "tn.service.main:run", "run the TN: consume requests, commit, publish results")
     cn = sub.add_parser("cn", help="compute nodes").add_subparsers(dest="cn_command", required=True)

@@ -1,7 +1,7 @@
 """`kwal tn run` (or `python -m tn.service.main`): the TN process.
 
 Opens the configured log backend (cfg.wal.backend: file | kafka | memory),
-rebuilds the engine from it (`Engine.recover`), makes sure the topics exist,
+rebuilds the engine from the newest checkpoint plus the WAL after it, makes sure the topics exist,
 and serves requests until SIGTERM or SIGINT, then drains in-flight commits,
 publishes their results and closes the log. Prints one line
 ``kwal-tn ready <requests topic>`` on stderr once it is consuming.
@@ -52,7 +52,7 @@ def run(args: Any, cfg: KwalConfig) -> int:
     )
     from infra.topics import ensure_topics
     from schemas.codec import decode_entry
-    from tn.engine import Engine
+    from tn.checkpoint.wiring import recover_from_config, start_checkpoints
     from tn.logtail.wiring import attach_logtail
     from tn.service.service import TnService
 
@@ -66,10 +66,12 @@ def run(args: Any, cfg: KwalConfig) -> int:
 
     ensure_topics(cfg)
     log = LogStore(open_driver(cfg))
-    engine = Engine.recover(log, commit_queue=cfg.tn.commit_queue)
+    recovered = recover_from_config(log, cfg)
+    engine = recovered.engine
     logtail = attach_logtail(
         engine, cfg, republish=(decode_entry(r.payload) for r in log.records())
     )
+    checkpoints = start_checkpoints(recovered, cfg, publish=logtail.publisher.publish_records)
     service = TnService(cfg, engine)
     try:
         service.start()
@@ -80,6 +82,7 @@ def run(args: Any, cfg: KwalConfig) -> int:
                 return 1
         service.stop()
     finally:
+        checkpoints.stop()
         logtail.close()
         engine.close()
         log.close()
