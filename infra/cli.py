@@ -85,6 +85,36 @@ def build_parser() -> argparse.ArgumentParser:
     query.add_argument("--ts", type=int, default=0, help="as of this ts (default: the watermark)")
     query.add_argument("--timeout", type=float, default=30.0, help="seconds to wait to catch up")
     query.add_argument("--json", action="store_true", help="one JSON object per row")
+    ops = sub.add_parser("ops", help="operate the log: status, truncation, retention")
+    ops_sub = ops.add_subparsers(dest="ops_command", required=True)
+    ostatus = _command(
+        ops_sub, "status", "infra.ops.status:run",
+        "one screen: WAL, truncation, window, checkpoint, CN lag, retention",
+    )
+    ostatus.add_argument("--json", action="store_true", help="print JSON for tools")
+    ostatus.add_argument(
+        "--no-probe", action="store_true", help="skip the DeleteRecords probe (mode: unknown)"
+    )
+    ostatus.add_argument("--timeout", type=float, default=10.0, help="seconds per Kafka wait")
+    otrunc = _command(
+        ops_sub, "truncate", "infra.ops.truncate:run",
+        "truncate the WAL to the last checkpoint's LSN now",
+    )
+    otrunc.add_argument(
+        "--logical-only", action="store_true", help="record the point only, no DeleteRecords"
+    )
+    otrunc.add_argument("--timeout", type=float, default=10.0, help="seconds per Kafka wait")
+    oret = _command(
+        ops_sub, "retention", "infra.ops.retention:run",
+        "check or set retention of the WAL and logtail topics",
+    )
+    oret.add_argument(
+        "--check", action="store_true", help="exit 1 when a current setting is unsafe (default)"
+    )
+    oret.add_argument("--set", metavar="ms=N,bytes=N", help="set retention, only if safe now")
+    oret.add_argument("--set-ms", type=int, help="set retention.ms, only if safe now")
+    oret.add_argument("--set-bytes", type=int, help="set retention.bytes, only if safe now")
+    oret.add_argument("--timeout", type=float, default=10.0, help="seconds per Kafka wait")
     return parser
 
 

@@ -122,6 +122,7 @@ def run(args: Any, cfg: KwalConfig) -> int:
     cfg.wal.backend = getattr(args, "wal", None) or "kafka"
     cfg.wal.dir = str(workdir / "wal")
     cfg.tn.heartbeat_ms = 20
+    cfg.tn.checkpoint_interval_s = 3.0
     try:
         report = _demo(args, cfg, workdir)
         report["seconds"] = round(time.monotonic() - started, 1)
@@ -141,6 +142,7 @@ def run(args: Any, cfg: KwalConfig) -> int:
 
 def _demo(args: Any, cfg: KwalConfig, workdir: Path) -> dict[str, Any]:
     from consumers.core.cn import CN
+    from infra.objectstore import open_store
     from producers import Client
     from tn.service.process import TnProcess
 
@@ -168,12 +170,17 @@ def _demo(args: Any, cfg: KwalConfig, workdir: Path) -> dict[str, Any]:
             t.insert("shop.stock", [{"sku": s, "qty": 100} for s in range(HOT_SKUS)])
             t.commit(timeout=60)
         say(f"created {', '.join(TABLES)}")
-        cn = CN(cfg, list(TABLES)).start()
+        store = open_store(cfg.objectstore)
+        cn = CN(cfg, list(TABLES), store).start()
 
         tally = Tally()
         say(f"{services} producer services x {per_service} transactions (hot rows: conflicts expected)")
         threads = _load(cfg, services, per_service, 0, tally)
-        time.sleep(1.0)
+        manifest = _wait_for_checkpoint(store, timeout_s=60)
+        if manifest is not None:
+            say(f"checkpoint at ts {manifest.ts}: WAL truncated through LSN {manifest.lsn}, "
+                f"{len(manifest.objects)} objects in {cfg.objectstore.url}")
+            report["checkpoint"] = f"ts {manifest.ts}, lsn {manifest.lsn}"
         say("SIGKILL the TN mid-load, then restart it")
         tn.kill()
         tn.start(timeout_s=120)
@@ -202,6 +209,20 @@ def _demo(args: Any, cfg: KwalConfig, workdir: Path) -> dict[str, Any]:
         tn.kill()
 
 
+def _wait_for_checkpoint(store: Any, timeout_s: float) -> Any:
+    """The first checkpoint manifest the TN writes (it checkpoints every few seconds here)."""
+    from tn.checkpoint.manifest import newest_manifest
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        manifest = newest_manifest(store)
+        if manifest is not None:
+            return manifest
+        time.sleep(0.5)
+    say(f"no checkpoint within {timeout_s:.0f}s")
+    return None
+
+
 def _spark_cn(cfg: KwalConfig, workdir: Path) -> dict[str, Any] | None:
     """Run the Spark CN job (available-now) over the tables; None where Spark is absent."""
     try:
@@ -218,12 +239,12 @@ def _spark_cn(cfg: KwalConfig, workdir: Path) -> dict[str, Any] | None:
 
 def _compare(cfg: KwalConfig, cn: Any, spark: dict[str, Any] | None) -> tuple[bool, dict[str, Any]]:
     """Rebuild the TN from its WAL and compare every CN at its watermark."""
-    from tn.engine import Engine
+    from tn.checkpoint.wiring import recover_from_config
     from tn.logstore.driver import LogStore
     from tn.service.main import open_driver
 
     log = LogStore(open_driver(cfg))
-    engine = Engine.recover(log)
+    engine = recover_from_config(log, cfg).engine
     details: dict[str, Any] = {}
     ok = True
     try:

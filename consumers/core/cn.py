@@ -12,7 +12,10 @@ Protocol (seed 001, "Push", adapted to Kafka topics):
    the subscribed tables. A read at ts above it is refused: the CN cannot yet
    tell "no change" from "not yet received".
 4. Positions are kept per topic, so a reconnect resumes where it stopped and
-   never resets the watermark.
+   never resets the watermark. They are also committed (asynchronously, every
+   `commit_interval_s`, and once on close) to the consumer group
+   `<prefix>.cn.<name>`, only so that operators can see the lag (`kwal ops
+   status`); the CN itself never reads them back.
 
 `apply(record)` is public so that any transport (Kafka here, Spark's
 foreachBatch, a test) can drive the same state.
@@ -189,9 +192,21 @@ def _no_store(key: str) -> bytes:
 class CN(CNCore):
     """A CN fed from Kafka: the catalog topic plus one logtail topic per subscribed table."""
 
-    def __init__(self, cfg: KwalConfig, tables: Iterable[str], store: ObjectStore | None = None) -> None:
+    def __init__(
+        self,
+        cfg: KwalConfig,
+        tables: Iterable[str],
+        store: ObjectStore | None = None,
+        *,
+        name: str = "default",
+        commit_interval_s: float = 1.0,
+    ) -> None:
         super().__init__(tables, store.get if store is not None else None)
         self.cfg = cfg
+        self.name = name
+        self.group_id = f"{cfg.topics.prefix}.cn.{name}"
+        self._commit_interval_s = commit_interval_s
+        self._committed: dict[str, int] = {}
         self.positions: dict[str, int] = {cfg.topics.catalog: 0}
         self._topic_table: dict[str, str] = {}
         self._pending_assign: list[str] = []
@@ -213,7 +228,7 @@ class CN(CNCore):
         self._consumer = Consumer(
             self.cfg.kafka_client(
                 **{
-                    "group.id": f"{self.cfg.topics.prefix}.cn",
+                    "group.id": self.group_id,
                     "enable.auto.commit": False,
                     "fetch.wait.max.ms": 50,
                     "auto.offset.reset": "earliest",
@@ -225,9 +240,31 @@ class CN(CNCore):
         self._thread.start()
         return self
 
+    def _commit(self) -> None:
+        """Commit the positions that moved since the last commit (for operators' lag only;
+        a failed commit is reported in `errors` and retried at the next interval)."""
+        if self._consumer is None:
+            return
+        with self._lock:
+            moved = {t: o for t, o in self.positions.items() if o > self._committed.get(t, 0)}
+        if not moved:
+            return
+        try:
+            self._consumer.commit(
+                offsets=[TopicPartition(t, 0, o) for t, o in moved.items()], asynchronous=True
+            )
+        except Exception as e:  # noqa: BLE001 - lag reporting must never stop the CN
+            self.errors.append(f"commit of positions to group {self.group_id}: {e}")
+            return
+        self._committed.update(moved)
+
     def _run(self) -> None:
         assert self._consumer is not None
+        next_commit = time.monotonic() + self._commit_interval_s
         while not self._stop.is_set():
+            if time.monotonic() >= next_commit:
+                self._commit()
+                next_commit = time.monotonic() + self._commit_interval_s
             messages = self._consumer.consume(500, 0.05)
             records: list[tuple[str, int, LogtailRecord]] = []
             for m in messages:
@@ -257,5 +294,6 @@ class CN(CNCore):
         if self._thread is not None:
             self._thread.join(timeout=10)
         if self._consumer is not None:
+            self._commit()
             self._consumer.close()
             self._consumer = None

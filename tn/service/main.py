@@ -44,12 +44,32 @@ def open_driver(cfg: KwalConfig) -> LogDriver:
     raise ValueError(f"unknown wal.backend {backend!r} (file | kafka | memory)")
 
 
+def _status_publisher(cfg: KwalConfig, log: LogStore) -> Any:
+    """Report the Kafka WAL writer's state (window occupancy) for `kwal ops status`."""
+    from infra.metrics import METRICS
+    from infra.ops.walscan import StatusPublisher
+    from tn.logstore.kafka_backend import KafkaDriver
+
+    driver = log.driver
+    if not isinstance(driver, KafkaDriver):
+        return None
+
+    def status() -> dict[str, Any]:
+        st = driver.status()
+        in_flight = int(st["last_lsn"]) - int(st["acked_lsn"])  # type: ignore[call-overload]
+        METRICS.window_occupancy.set(in_flight)
+        return {**st, "window": cfg.wal.window, "in_flight": in_flight}
+
+    return StatusPublisher(cfg, status).start()
+
+
 def run(args: Any, cfg: KwalConfig) -> int:
     logging.basicConfig(
         level=logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    from infra.metrics import serve as serve_metrics
     from infra.topics import ensure_topics
     from schemas.codec import decode_entry
     from tn.checkpoint.wiring import recover_from_config, start_checkpoints
@@ -73,6 +93,9 @@ def run(args: Any, cfg: KwalConfig) -> int:
     )
     checkpoints = start_checkpoints(recovered, cfg, publish=logtail.publisher.publish_records)
     service = TnService(cfg, engine)
+    status = _status_publisher(cfg, log)
+    if cfg.tn.metrics_port:
+        serve_metrics(cfg.tn.metrics_port)
     try:
         service.start()
         print(f"kwal-tn ready {cfg.topics.requests}", file=sys.stderr, flush=True)
@@ -82,6 +105,8 @@ def run(args: Any, cfg: KwalConfig) -> int:
                 return 1
         service.stop()
     finally:
+        if status is not None:
+            status.stop()
         checkpoints.stop()
         logtail.close()
         engine.close()

@@ -89,6 +89,7 @@ import pyarrow as pa
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
 
 from infra.config import KwalConfig
+from infra.metrics import METRICS
 from schemas.exceptions import CodecError, UnsupportedFormatError
 from schemas.requests import (
     Kind,
@@ -612,6 +613,10 @@ class TnService:
                 self._fail(m.req, m.offset, None, e)
 
     def _publish(self, res: TxnResult, key: bytes | None, offset: int) -> None:
+        if res.committed:
+            METRICS.commits.inc()
+        else:
+            METRICS.aborts.labels(res.reason or "unknown").inc()
         self._out.put((res, key, offset))
 
     # ---- the publisher --------------------------------------------------------------------
