@@ -36,6 +36,7 @@ import pyarrow as pa
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from infra.config import KwalConfig
+from infra.kafka_io import poll_batch
 from producers.exceptions import (
     ClientClosedError,
     ProducerError,
@@ -99,14 +100,6 @@ def to_arrow(rows: Rows, columns: Sequence[str] | None = None) -> pa.Table:
     return pa.table(data)
 
 
-def poll_batch(consumer: Consumer, max_messages: int, timeout: float) -> list[Any]:
-    """Wait up to `timeout` for the first message, then take what is already
-    fetched without waiting (`consume(n, timeout)` would wait the whole timeout
-    for n messages)."""
-    first = consumer.poll(timeout)
-    if first is None:
-        return []
-    return [first, *consumer.consume(max_messages - 1, timeout=0)]
 
 
 # ---- process-wide Kafka plumbing ------------------------------------------------------------

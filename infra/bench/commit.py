@@ -33,6 +33,7 @@ from typing import Any
 
 from confluent_kafka import KafkaException, Producer
 
+from infra.bench.kafka import bench_kafka
 from infra.bench.report import emit, percentile, ratio
 from infra.config import KwalConfig
 
@@ -42,15 +43,6 @@ DB, TABLE = "bench", "t"
 
 def _log(msg: str) -> None:
     print(f"[bench commit] {msg}", file=sys.stderr, flush=True)
-
-
-def _broker_up(bootstrap: str) -> bool:
-    from infra.broker import metadata_ok
-
-    try:
-        return metadata_ok(bootstrap, timeout_s=2.0)
-    except Exception:  # noqa: BLE001 - nothing there
-        return False
 
 
 def _measure(
@@ -253,32 +245,19 @@ def _txn_producer(cfg: KwalConfig, txn_id: str) -> Producer:
 def run(args: Any, cfg: KwalConfig) -> int:
     seconds = float(getattr(args, "seconds", 5.0) or 5.0)
     workdir = Path(tempfile.mkdtemp(prefix="kwal-bench-commit-"))
-    broker = None
     out: dict[str, Any] = {"bench": "commit", "seconds": seconds, "clients": list(CLIENTS)}
-    if not _broker_up(cfg.bootstrap):
-        from infra.broker import start_broker
-
-        _log(f"nothing at {cfg.bootstrap}: starting the embedded broker")
-        broker = start_broker(workdir / "logs")
-        cfg = cfg.with_bootstrap(broker.address)
-        out["broker"] = "embedded"
-    else:
-        out["broker"] = cfg.bootstrap
-    topics = dataclasses.replace(cfg.topics, prefix=f"bench-{uuid.uuid4().hex[:8]}")
-    wal = dataclasses.replace(cfg.wal)
-    if wal.backend == "file":
-        wal.dir = str(workdir / "wal")
-    cfg = dataclasses.replace(cfg, topics=topics, wal=wal)
-    out["wal_backend"] = wal.backend
-    try:
+    with bench_kafka(cfg, "commit") as (cfg, where):
+        out["broker"] = where
+        wal = dataclasses.replace(cfg.wal)
+        if wal.backend == "file":
+            wal.dir = str(workdir / "wal")
+        cfg = dataclasses.replace(cfg, wal=wal)
+        out["wal_backend"] = wal.backend
         _bench_kwal(cfg, seconds, out, workdir)
         _bench_kafka_txn(cfg, seconds, out)
         if out.get("kafka_txn_supported"):
             out["vs_kafka_txn_64"] = ratio(out["tps_64"], out["kafka_txn_tps_64"])
         else:
             out["vs_kafka_txn_64"] = None
-    finally:
-        if broker is not None:
-            broker.stop()
     emit(out)
     return 0

@@ -29,17 +29,15 @@ import dataclasses
 import logging
 import threading
 import time
-import uuid
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from confluent_kafka import KafkaError, Message, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from infra.bench.kafka import bench_kafka
 from infra.bench.report import emit, percentile, ratio
 from infra.config import KwalConfig
-from infra.processes import ServerProcess, port_open
 
 ENTRY_BYTES = 200
 CONCURRENCY = (1, 8, 64)
@@ -120,27 +118,13 @@ class _Raw:
         self.producer.flush(10)
 
 
-def _ensure_broker(cfg: KwalConfig) -> tuple[KwalConfig, ServerProcess | None]:
-    if port_open(cfg.bootstrap.split(",")[0]):
-        return cfg, None
-    from infra.broker import start_broker
-
-    broker = start_broker(Path(cfg.stack.state_dir) / "bench-logs")
-    return cfg.with_bootstrap(broker.address), broker
-
-
 def run(args: argparse.Namespace, cfg: KwalConfig) -> int:
     from tn.logstore.driver import LogStore
     from tn.logstore.kafka_backend import KafkaDriver
 
     logging.getLogger("tn.logstore.kafka_backend").setLevel(logging.WARNING)
-    cfg, broker = _ensure_broker(cfg)
-    try:
-        cfg = dataclasses.replace(
-            cfg,
-            topics=dataclasses.replace(cfg.topics, prefix=f"bench-{uuid.uuid4().hex[:8]}"),
-            wal=dataclasses.replace(cfg.wal, backend="kafka"),
-        )
+    with bench_kafka(cfg, "wal") as (cfg, where):
+        cfg = dataclasses.replace(cfg, wal=dataclasses.replace(cfg.wal, backend="kafka"))
         raw_topic = cfg.topics.name("raw")
         admin = AdminClient(cfg.kafka_client())
         admin.create_topics(
@@ -158,7 +142,7 @@ def run(args: argparse.Namespace, cfg: KwalConfig) -> int:
             "bench": "wal",
             "backend": "kafka",
             "bootstrap": cfg.bootstrap,
-            "embedded_broker": broker is not None,
+            "embedded_broker": where == "embedded",
             "entry_bytes": ENTRY_BYTES,
             "wal_partitions": len(driver.partitions),
         }
@@ -185,6 +169,3 @@ def run(args: argparse.Namespace, cfg: KwalConfig) -> int:
         result["targets_met"] = result["vs_raw_64"] >= 2 and result["p99_vs_raw_1"] <= 3
         emit(result)
         return 0
-    finally:
-        if broker is not None:
-            broker.stop()

@@ -89,6 +89,7 @@ import pyarrow as pa
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
 
 from infra.config import KwalConfig
+from infra.kafka_io import poll_batch
 from infra.metrics import METRICS
 from schemas.exceptions import CodecError, UnsupportedFormatError
 from schemas.requests import (
@@ -127,14 +128,6 @@ class ServiceError(RuntimeError):
     pass
 
 
-def poll_batch(consumer: Consumer, max_messages: int, timeout: float) -> list[Any]:
-    """Wait up to `timeout` for the first message, then take what is already
-    fetched without waiting (`consume(n, timeout)` would wait the whole timeout
-    for n messages)."""
-    first = consumer.poll(timeout)
-    if first is None:
-        return []
-    return [first, *consumer.consume(max_messages - 1, timeout=0)]
 
 
 class TnService:

@@ -8,17 +8,9 @@ from typing import Any
 
 import pyarrow as pa
 
+from schemas.arrow_ipc import ARROW_TYPES
 from schemas.wal import ColumnDef, ColumnType, TableSchema
 from tn.exceptions import ValidationError
-
-ARROW_TYPES: dict[ColumnType, pa.DataType] = {
-    ColumnType.INT64: pa.int64(),
-    ColumnType.FLOAT64: pa.float64(),
-    ColumnType.STRING: pa.string(),
-    ColumnType.BOOL: pa.bool_(),
-    ColumnType.BINARY: pa.binary(),
-    ColumnType.TIMESTAMP: pa.timestamp("us", tz="UTC"),
-}
 
 _ARROW_ERRORS = (
     pa.ArrowInvalid,
