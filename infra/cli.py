@@ -67,6 +67,11 @@ def build_parser() -> argparse.ArgumentParser:
     brec.add_argument("--wal-entries", type=int, nargs="+", default=[10_000, 100_000],
                       help="WAL entries after the checkpoint, one run each")
 
+    bspark = _command(bench, "spark", "infra.bench.spark:run", "Spark CN rows/s vs raw decode")
+    bspark.add_argument("--rows", type=int, default=200_000)
+    bspark.add_argument("--rows-per-txn", type=int, default=10)
+    bspark.add_argument("--latency-samples", type=int, default=8)
+
     ckpt = sub.add_parser("checkpoint", help="checkpoints").add_subparsers(dest="ckpt_command", required=True)
     now = _command(ckpt, "now", "tn.checkpoint.commands:run_now", "take a checkpoint now (TN stopped)")
     now.add_argument("--json", action="store_true")
@@ -76,6 +81,15 @@ def build_parser() -> argparse.ArgumentParser:
     tn = sub.add_parser("tn", help="the transaction node").add_subparsers(dest="tn_command", required=True)
     _command(tn, "run", "tn.service.main:run", "run the TN: consume requests, commit, publish results")
     cn = sub.add_parser("cn", help="compute nodes").add_subparsers(dest="cn_command", required=True)
+    cspark = _command(cn, "spark", "consumers.spark.job:run", "the Spark Structured Streaming CN")
+    cspark.add_argument("--tables", required=True, help="db.t1,db.t2")
+    cspark.add_argument("--output", required=True, help="where state, history and watermarks go")
+    cspark.add_argument("--trigger", default="1s", help="a processing-time interval, or available-now")
+    cspark.add_argument("--checkpoint", help="checkpointLocation (default OUTPUT/_checkpoint)")
+    cspark.add_argument("--max-records-per-trigger", type=int)
+    cspark.add_argument("--compact-interval", type=float, default=10.0)
+    cspark.add_argument("--timeout", type=float, default=0.0, help="stop after this long (0 = never)")
+    cspark.add_argument("--master", help="Spark master (default: local[2] unless submitted)")
     tail = _command(cn, "tail", "consumers.core.commands:run_tail", "print a table's changes live")
     tail.add_argument("--table", required=True, help="db.table")
     tail.add_argument("--seconds", type=float, default=0, help="stop after this long (0 = never)")

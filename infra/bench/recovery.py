@@ -116,7 +116,7 @@ def _commit_singles(engine: Any, n: int, base: int) -> None:
 
 
 def run(args: argparse.Namespace, cfg: KwalConfig) -> int:
-    from infra.bench.wal_kafka import _ensure_broker
+    from infra.bench.kafka import bench_kafka
     from infra.objectstore import FolderStore
     from tn.checkpoint.compaction import attach_object
     from tn.checkpoint.dump import to_parquet
@@ -129,20 +129,16 @@ def run(args: argparse.Namespace, cfg: KwalConfig) -> int:
     logging.getLogger("tn.logstore.kafka_backend").setLevel(logging.WARNING)
     rows = int(getattr(args, "rows", 0) or DEFAULT_ROWS)
     sizes = tuple(getattr(args, "wal_entries", None) or DEFAULT_ENTRIES)
-    cfg, broker = _ensure_broker(cfg)
-    tmp = tempfile.TemporaryDirectory(prefix="kwal-bench-recovery-")
-    try:
-        cfg = dataclasses.replace(
-            cfg,
-            topics=dataclasses.replace(cfg.topics, prefix=f"bench-{uuid.uuid4().hex[:8]}"),
-            wal=dataclasses.replace(cfg.wal, backend="kafka"),
-        )
-        store = FolderStore(Path(tmp.name) / "objects")
+    with bench_kafka(cfg, "recovery") as (cfg, where), tempfile.TemporaryDirectory(
+        prefix="kwal-bench-recovery-"
+    ) as tmpdir:
+        cfg = dataclasses.replace(cfg, wal=dataclasses.replace(cfg.wal, backend="kafka"))
+        store = FolderStore(Path(tmpdir) / "objects")
         result: dict[str, Any] = {
             "bench": "recovery",
             "backend": "kafka",
             "bootstrap": cfg.bootstrap,
-            "embedded_broker": broker is not None,
+            "embedded_broker": where == "embedded",
             "objectstore": "folder",
             "rows_checkpointed": rows,
             "wal_entries": list(sizes),
@@ -235,10 +231,6 @@ def run(args: argparse.Namespace, cfg: KwalConfig) -> int:
         result["target_met"] = result["replay_vs_raw"] >= 0.5
         emit(result)
         return 0
-    finally:
-        tmp.cleanup()
-        if broker is not None:
-            broker.stop()
 
 
 def main() -> int:

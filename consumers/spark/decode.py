@@ -1,0 +1,351 @@
+"""Decoding logtail records (Avro envelope + Arrow IPC batch) into typed change rows.
+
+Used inside Spark's `mapInArrow` (on the executors) by `consumers.spark.job`, and by the
+raw baseline of `kwal bench spark`. Pure pyarrow: no Spark import at module level, so
+Python workers import it cheaply.
+
+One table's change rows (`change_schema(columns)`) have the meta columns
+
+| column | meaning |
+|---|---|
+| `__op` | `I` insert, `D` delete, `H` heartbeat, `B` block meta, `C` checkpoint |
+| `__row_id` | the row's physical id (`block_id << 16 \\| offset`); null for H/B/C |
+| `__commit_ts` | the row's commit ts (I/D), or the record's ts (H/B/C) |
+| `__lsn` | the transaction's LSN (a re-delivered record has the same one) |
+| `__offset` | the Kafka offset of the record |
+| `__meta` | B: the BlockMeta as JSON; C: the manifest key; else null |
+
+followed by the table's user columns (a delete carries only the primary key; the other
+columns are null). Changes records give one row per inserted or deleted row (an empty one a row `H`); every
+other record one row with null user columns. So every record leaves at least one row: the
+change log has every Kafka offset.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import asdict
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from schemas.arrow_ipc import ARROW_TYPES, ipc_to_table
+from schemas.logtail import (
+    COMMIT_TS,
+    ROW_ID,
+    BlockMeta,
+    Changes,
+    Checkpoint,
+    LogtailRecord,
+    decode_logtail,
+)
+from schemas.wal import ColumnDef, ColumnType, TableSchema
+
+OP, LSN, OFFSET, META = "__op", "__lsn", "__offset", "__meta"
+INSERT, DELETE, HEARTBEAT, BLOCK, CHECKPOINT = "I", "D", "H", "B", "C"
+
+META_FIELDS: tuple[pa.Field, ...] = (
+    pa.field(OP, pa.string(), True),
+    pa.field(ROW_ID, pa.int64(), True),
+    pa.field(COMMIT_TS, pa.int64(), True),
+    pa.field(LSN, pa.int64(), True),
+    pa.field(OFFSET, pa.int64(), True),
+    pa.field(META, pa.string(), True),
+)
+META_NAMES = tuple(f.name for f in META_FIELDS)
+
+
+def union_columns(schemas: Iterable[TableSchema]) -> list[ColumnDef]:
+    """Every column any of `schemas` has, in order of first appearance (later types win):
+    the columns of a table's change log across alter tables."""
+    cols: dict[str, ColumnDef] = {}
+    for schema in schemas:
+        for c in schema.columns:
+            cols[c.name] = c
+    return list(cols.values())
+
+
+def change_schema(columns: Sequence[ColumnDef]) -> pa.Schema:
+    """The Arrow schema of a table's change rows (user columns all nullable: deletes and
+    control rows leave them null)."""
+    return pa.schema([*META_FIELDS, *(pa.field(c.name, ARROW_TYPES[c.type], True) for c in columns)])
+
+
+def _block_meta_json(meta: BlockMeta) -> str:
+    return json.dumps(asdict(meta), sort_keys=True)
+
+
+def _project(table: pa.Table, target: pa.Schema, n: int) -> list[pa.Array]:
+    """`target`'s user columns taken from `table` (cast; missing ones null)."""
+    out: list[pa.Array] = []
+    names = set(table.column_names)
+    for f in target:
+        if f.name in META_NAMES:
+            continue
+        if f.name in names:
+            out.append(table.column(f.name).cast(f.type).combine_chunks())
+        else:
+            out.append(pa.nulls(n, f.type))
+    return out
+
+
+class ChangeBuilder:
+    """Accumulates decoded records of one table and yields Arrow batches of change rows."""
+
+    def __init__(self, target: pa.Schema) -> None:
+        self.target = target
+        # per op (I, D): the records' Arrow tables, and (rows, lsn, offset) of each
+        self.tables: dict[str, list[pa.Table]] = {INSERT: [], DELETE: []}
+        self.where: dict[str, list[tuple[int, int, int]]] = {INSERT: [], DELETE: []}
+        self.controls: list[tuple[str, int, int, int, str | None]] = []
+        self.rows = 0
+
+    def add(self, record: LogtailRecord, offset: int) -> None:
+        body = record.body
+        if isinstance(body, Changes):
+            before = self.rows
+            for op, data in ((INSERT, body.inserts), (DELETE, body.deletes)):
+                if data is None:
+                    continue
+                t = ipc_to_table(data)
+                n = t.num_rows
+                if n == 0:
+                    continue
+                self.tables[op].append(t)
+                self.where[op].append((n, record.lsn, offset))
+                self.rows += n
+            if self.rows > before:
+                return
+            # a transaction with no rows here still advances the watermark: keep it as H
+            self.controls.append((HEARTBEAT, record.commit_ts, record.lsn, offset, None))
+            self.rows += 1
+            return
+        if isinstance(body, BlockMeta):
+            self.controls.append((BLOCK, record.commit_ts, record.lsn, offset, _block_meta_json(body)))
+        elif isinstance(body, Checkpoint):
+            self.controls.append((CHECKPOINT, record.commit_ts, record.lsn, offset, body.manifest_key))
+        else:  # Heartbeat (a Catalog record on a table topic is not expected: treated alike)
+            self.controls.append((HEARTBEAT, record.commit_ts, record.lsn, offset, None))
+        self.rows += 1
+
+    def _rows_of(self, op: str) -> pa.Table | None:
+        tables = self.tables[op]
+        if not tables:
+            return None
+        first = tables[0].schema
+        same = all(t.schema.equals(first) for t in tables)
+        merged = pa.concat_tables(tables, promote_options="none" if same else "permissive")
+        n = merged.num_rows
+        counts = np.fromiter((w[0] for w in self.where[op]), np.int64, len(tables))
+        lsns = np.repeat(np.fromiter((w[1] for w in self.where[op]), np.int64, len(tables)), counts)
+        offs = np.repeat(np.fromiter((w[2] for w in self.where[op]), np.int64, len(tables)), counts)
+        cols: list[pa.Array] = [
+            pa.array(np.full(n, op, dtype=object), pa.string()),
+            merged.column(ROW_ID).cast(pa.int64()).combine_chunks(),
+            merged.column(COMMIT_TS).cast(pa.int64()).combine_chunks(),
+            pa.array(lsns, pa.int64()),
+            pa.array(offs, pa.int64()),
+            pa.nulls(n, pa.string()),
+            *_project(merged, self.target, n),
+        ]
+        return pa.Table.from_arrays(cols, schema=self.target)
+
+    def flush(self) -> pa.RecordBatch | None:
+        if self.rows == 0:
+            return None
+        tables = [t for t in (self._rows_of(INSERT), self._rows_of(DELETE)) if t is not None]
+        if self.controls:
+            ops, tss, lsns, offs, metas = zip(*self.controls, strict=True)
+            n = len(ops)
+            cols = [
+                pa.array(ops, pa.string()),
+                pa.nulls(n, pa.int64()),
+                pa.array(tss, pa.int64()),
+                pa.array(lsns, pa.int64()),
+                pa.array(offs, pa.int64()),
+                pa.array(metas, pa.string()),
+                *(pa.nulls(n, f.type) for f in self.target if f.name not in META_NAMES),
+            ]
+            tables.append(pa.Table.from_arrays(cols, schema=self.target))
+        self.tables = {INSERT: [], DELETE: []}
+        self.where = {INSERT: [], DELETE: []}
+        self.controls, self.rows = [], 0
+        out = pa.concat_tables(tables).combine_chunks()
+        batches = out.to_batches()
+        return batches[0] if len(batches) == 1 else pa.concat_batches(batches)
+
+
+def decode_changes(
+    batches: Iterable[pa.RecordBatch], target: pa.Schema, max_rows: int = 65536
+) -> Iterator[pa.RecordBatch]:
+    """`mapInArrow` body: record batches with `value` (binary) and `offset` (long) columns
+    -> change rows of one table (schema `target`)."""
+    builder = ChangeBuilder(target)
+    for batch in batches:
+        values = batch.column("value").to_pylist()
+        offsets = batch.column("offset").to_pylist()
+        for value, offset in zip(values, offsets, strict=True):
+            builder.add(decode_logtail(value or b""), offset)
+            if builder.rows >= max_rows:
+                out = builder.flush()
+                if out is not None:
+                    yield out
+    out = builder.flush()
+    if out is not None:
+        yield out
+
+
+def spark_type_name(t: ColumnType) -> str:
+    """The Spark SQL type of a column type (DDL spelling)."""
+    return {
+        ColumnType.INT64: "bigint",
+        ColumnType.FLOAT64: "double",
+        ColumnType.STRING: "string",
+        ColumnType.BOOL: "boolean",
+        ColumnType.BINARY: "binary",
+        ColumnType.TIMESTAMP: "timestamp",
+    }[t]
+
+
+def change_ddl(columns: Sequence[ColumnDef]) -> str:
+    """The Spark DDL schema string of `change_schema(columns)`."""
+    meta = (
+        f"`{OP}` string, `{ROW_ID}` bigint, `{COMMIT_TS}` bigint, `{LSN}` bigint, "
+        f"`{OFFSET}` bigint, `{META}` string"
+    )
+    user = ", ".join(f"`{c.name}` {spark_type_name(c.type)}" for c in columns)
+    return f"{meta}, {user}" if user else meta
+
+
+def count_rows(record: LogtailRecord) -> int:
+    """Rows a record carries (inserts + deletes), decoding its Arrow batches: the raw
+    baseline's unit of work."""
+    body = record.body
+    if not isinstance(body, Changes):
+        return 0
+    n = 0
+    for data in (body.inserts, body.deletes):
+        if data is not None:
+            t = ipc_to_table(data)
+            n += t.num_rows
+            pc.max(t.column(COMMIT_TS))  # touch the values, as the Spark path does
+    return n
+
+
+# -- one pass over every topic of a micro-batch ------------------------------------------
+
+TABLE, RAW = "__table", "__raw"
+CATALOG_INDEX = -1
+RAW_RECORD, CATALOG_RECORD = "R", "K"
+
+
+def wide_name(index: int, column: str) -> str:
+    """The name of table `index`'s user column `column` in the wide (all tables) schema."""
+    return f"t{index}__{column}"
+
+
+def wide_schema(plan: Mapping[int, Sequence[ColumnDef] | None]) -> pa.Schema:
+    """One schema for the change rows of every table of `plan` (index -> its columns, None
+    when the table's schema is not known yet): `__table`, the meta columns, `__raw` (the
+    record's bytes, for catalog records and records of tables of unknown schema), then each
+    known table's user columns under `wide_name`."""
+    fields = [pa.field(TABLE, pa.int32(), True), *META_FIELDS, pa.field(RAW, pa.binary(), True)]
+    for index, cols in sorted(plan.items()):
+        for c in cols or ():
+            fields.append(pa.field(wide_name(index, c.name), ARROW_TYPES[c.type], True))
+    return pa.schema(fields)
+
+
+def wide_ddl(plan: Mapping[int, Sequence[ColumnDef] | None]) -> str:
+    parts = [f"`{TABLE}` int", change_ddl([]), f"`{RAW}` binary"]
+    for index, cols in sorted(plan.items()):
+        parts.extend(f"`{wide_name(index, c.name)}` {spark_type_name(c.type)}" for c in cols or ())
+    return ", ".join(parts)
+
+
+def _widen(local: pa.RecordBatch, index: int, target: pa.Schema) -> pa.RecordBatch:
+    n = local.num_rows
+    prefix = wide_name(index, "")
+    arrays: list[pa.Array] = []
+    for f in target:
+        if f.name == TABLE:
+            arrays.append(pa.array([index] * n, pa.int32()))
+        elif f.name in META_NAMES:
+            arrays.append(local.column(f.name))
+        elif f.name.startswith(prefix):
+            arrays.append(local.column(f.name[len(prefix):]))
+        else:
+            arrays.append(pa.nulls(n, f.type))
+    return pa.RecordBatch.from_arrays(arrays, schema=target)
+
+
+def _raw_rows(
+    rows: list[tuple[int, str, int, int, int, bytes]], target: pa.Schema
+) -> pa.RecordBatch:
+    """Rows that keep the record's bytes: (table index, op, commit ts, lsn, offset, value)."""
+    cols = list(zip(*rows, strict=True))
+    n = len(rows)
+    given = {
+        TABLE: pa.array(cols[0], pa.int32()),
+        OP: pa.array(cols[1], pa.string()),
+        COMMIT_TS: pa.array(cols[2], pa.int64()),
+        LSN: pa.array(cols[3], pa.int64()),
+        OFFSET: pa.array(cols[4], pa.int64()),
+        RAW: pa.array(cols[5], pa.binary()),
+    }
+    arrays = [given[f.name] if f.name in given else pa.nulls(n, f.type) for f in target]
+    return pa.RecordBatch.from_arrays(arrays, schema=target)
+
+
+def decode_all(
+    batches: Iterable[pa.RecordBatch],
+    topics: dict[str, int],
+    plan: Mapping[int, Sequence[ColumnDef] | None],
+    max_rows: int = 65536,
+) -> Iterator[pa.RecordBatch]:
+    """`mapInArrow` body over raw Kafka records (`topic`, `offset`, `value`) of the catalog
+    (index `CATALOG_INDEX`) and table topics (`topics`: topic -> index): change rows of every
+    table in `wide_schema(plan)`. Catalog records, and records of a table whose schema is
+    not known (plan None), are kept whole (`__op` K / R, bytes in `__raw`)."""
+    target = wide_schema(plan)
+    builders = {
+        i: ChangeBuilder(change_schema(cols)) for i, cols in plan.items() if cols is not None
+    }
+    raw: list[tuple[int, str, int, int, int, bytes]] = []
+
+    def flush() -> Iterator[pa.RecordBatch]:
+        nonlocal raw
+        for i, b in builders.items():
+            out = b.flush()
+            if out is not None:
+                yield _widen(out, i, target)
+        if raw:
+            yield _raw_rows(raw, target)
+            raw = []
+
+    pending = 0
+    for batch in batches:
+        topic_col = batch.column("topic").to_pylist()
+        values = batch.column("value").to_pylist()
+        offsets = batch.column("offset").to_pylist()
+        for topic, value, offset in zip(topic_col, values, offsets, strict=True):
+            index = topics.get(topic)
+            if index is None:
+                continue
+            data = value or b""
+            builder = builders.get(index)
+            if builder is not None:
+                before = builder.rows
+                builder.add(decode_logtail(data), offset)
+                pending += builder.rows - before
+            else:
+                record = decode_logtail(data)
+                op = CATALOG_RECORD if index == CATALOG_INDEX else RAW_RECORD
+                raw.append((index, op, record.commit_ts, record.lsn, offset, data))
+                pending += 1
+            if pending >= max_rows:
+                yield from flush()
+                pending = 0
+    yield from flush()

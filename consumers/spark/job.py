@@ -1,0 +1,986 @@
+"""The Spark Structured Streaming CN job: logtail topics -> readable, versioned Parquet state.
+
+    kwal cn spark --tables db.t1,db.t2 --output PATH [--trigger 1s|available-now]
+    spark-submit consumers/spark/job.py --tables db.t1 --output PATH --bootstrap host:port
+
+One streaming query reads the catalog topic and the tables' logtail topics through
+`consumers.spark.source.kafka_stream` (startingOffsets earliest) and, per micro-batch
+(`foreachBatch`, `BatchWriter.process_batch`):
+
+1. one pass over the batch's records on the executors (`mapInArrow` with
+   `consumers.spark.decode.decode_all`: Avro envelope + Arrow IPC -> typed change rows of
+   every table side by side in one wide schema, catalog records kept whole) written to the
+   change log, partitioned by table;
+2. on the driver (pyarrow over the files just written, no Spark job): the catalog records
+   are applied (tables' incarnations: create ts, drop ts, schema history; the catalog
+   watermark), and each table's watermark, block metas and checkpoint are folded in;
+3. each table's current state is compacted from its previous state and the change log
+   after it, at most every `compact_interval_s` (readers merge the tail in between);
+4. a progress file records the batch id, the watermarks, the catalog and where everything
+   is; it is the commit.
+
+The decoder needs each table's schema. It comes from the committed catalog, plus hints read
+from the catalog topic when the query starts (`catalog_hints`). A table created after the
+start, whose create_table arrives in the same batch as its first records, is decoded in a
+second pass of that batch; records of a table whose create_table has not arrived at all yet
+(the catalog topic's end was probed before the TN wrote it) are kept whole (`__op` R) and
+decoded in a later batch into `<db>.<table>/redecoded/batch=<id>/`; they do not move the
+watermark until then.
+
+Layout under `output/`:
+
+    _progress/<batch id>.json                   the commit record: batch id, catalog,
+                                                watermarks, table numbers, directories
+    _changes/batch=<id>/__table=<n>/            the change log (Parquet) of table number n:
+                                                every insert and delete with its row id,
+                                                commit ts, LSN and Kafka offset, and one row
+                                                per heartbeat / block meta / checkpoint;
+                                                user columns named t<n>__<column>
+    _changes/batch=<id>/__table=-1/             the batch's catalog records (bytes)
+    <db>.<table>/state/batch=<id>/              the compacted current state (Parquet):
+                                                __row_id, __commit_ts, user columns, one row
+                                                per primary key
+    <db>.<table>/redecoded/batch=<id>/          late-decoded records (see above)
+    _checkpoint/                                Spark's checkpointLocation (default)
+
+Semantics mirror `consumers.core.cn.CNCore`: the snapshot at ts is the rows inserted with
+commit ts <= ts minus the rows (by row id) deleted at or before ts, within the table
+incarnation alive at ts (a drop ends it; a create under the same name starts afresh), and,
+keyed by primary key, the latest commit ts wins. A table's watermark is the highest commit or
+heartbeat ts applied from its topic, capped by the catalog watermark (a dropped table's is
+the catalog watermark: its topic has ended); the job's watermark is the minimum over the
+catalog and the live tables (unlike `CNCore`, a dropped table does not hold it back
+forever). `read_as_of` refuses a ts above the table's watermark.
+
+Exactly-once across restarts. Spark writes the batch's offsets to the checkpointLocation
+before running it, so a replayed batch id carries the same records. Every file a batch writes
+lives under a path named by its batch id and is written with mode overwrite, so a replay
+replaces, never adds; the progress file `_progress/<id>.json` is written last (atomic
+rename) and is the batch's commit: `process_batch` skips a batch id at or below the last
+progress file (it committed, Spark had not yet recorded it), and readers only look at the
+directories the last progress file lists (a crash mid-batch leaves nothing visible). Kafka
+records re-delivered by the TN (same LSN, later offset) are harmless: a row id is inserted
+and deleted at most once, so readers de-duplicate by (row id, op).
+
+History retention. The change log is append-only and kept in full, so `read_as_of` answers
+any ts from the table's creation up to the watermark, in the incarnation alive at that ts.
+Nothing is pruned by the job; to bound it, an operator may delete `_changes/batch=<id>`
+directories whose rows are all older than the oldest ts still to be queried AND whose rows
+are superseded in `state/` (as-of reads below that ts then become incomplete). Current state
+directories are kept for the current and the previous commit only (a reader in flight may
+still use the previous one). Progress files: the last 20.
+
+Block metas and checkpoints. A CN drops in-memory rows of a block once the block is in
+object storage (seed 001, memory clean-up); here state is already durable Parquet, and
+every row of a flushed block was delivered as an insert before its BlockMeta (the logtail is
+in commit order), so a BlockMeta needs no action: it is recorded in the change log (`__op` =
+B, the meta as JSON in `__meta`) and advances the watermark. Bootstrapping from a checkpoint
+(pull) instead of the topic's beginning is not done: the job reads each topic from its
+earliest offset, which requires that the logtail topics are not truncated (they keep
+forever, see `infra.topics`).
+
+Memory. Laptop (local[2]): `spark.driver.memory=1g` (set before the first session, e.g.
+`--driver-memory 1g` or `SPARK_DRIVER_MEMORY`), `spark.sql.shuffle.partitions=2`,
+`--max-records-per-trigger 200000` bounds a micro-batch (a batch streams through one
+decode pass and is not cached; the driver holds only the batch's catalog records and one
+small column set per table; compaction shuffles one table's state). Cluster: driver 2-4g (catalog and progress are small),
+executors 4-8g with 2-4 cores each, `spark.sql.shuffle.partitions` about 2x the cores,
+`spark.executor.memoryOverhead` >= 1g (Python workers decode Arrow outside the JVM heap),
+`maxRecordsPerTrigger` sized so one task's records (`maxRecordsPerPartition`, default
+50,000 per Spark partition) decode comfortably in a Python worker, and an
+output path on a filesystem every node and the driver share (the driver writes progress
+files and reads each batch's change-log files with plain file I/O: a local path, NFS or a
+FUSE mount; not s3a:// yet).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from consumers.core.exceptions import AboveWatermarkError, NotSubscribedError, TableNotFoundError
+from consumers.spark.decode import (
+    BLOCK,
+    CATALOG_INDEX,
+    CHECKPOINT,
+    COMMIT_TS,
+    DELETE,
+    INSERT,
+    META,
+    META_NAMES,
+    OFFSET,
+    OP,
+    RAW,
+    RAW_RECORD,
+    ROW_ID,
+    TABLE,
+    change_ddl,
+    change_schema,
+    decode_all,
+    decode_changes,
+    spark_type_name,
+    union_columns,
+    wide_ddl,
+    wide_name,
+)
+from schemas.logtail import Catalog, CatalogOp, LogtailRecord, decode_logtail
+from schemas.wal import ColumnDef, ColumnType, TableSchema
+
+PROGRESS = "_progress"
+CHANGES = "_changes"
+KEEP_PROGRESS = 20
+
+
+# -- progress (the commit record) --------------------------------------------------------
+
+
+def _schema_json(s: TableSchema) -> dict[str, Any]:
+    return {
+        "primary_key": s.primary_key,
+        "version": s.version,
+        "columns": [[c.column_id, c.name, c.type.value, c.nullable] for c in s.columns],
+    }
+
+
+def _schema_from(d: dict[str, Any]) -> TableSchema:
+    cols = tuple(ColumnDef(int(i), n, ColumnType(t), bool(nl)) for i, n, t, nl in d["columns"])
+    return TableSchema(cols, d["primary_key"], int(d["version"]))
+
+
+@dataclass
+class Incarnation:
+    """One lifetime of a table name: [create_ts, drop_ts) with its schema history."""
+
+    create_ts: int
+    table_id: int = 0
+    drop_ts: int = 0  # 0 = alive
+    schemas: list[tuple[int, TableSchema]] = field(default_factory=list)
+
+    def alive_at(self, ts: int) -> bool:
+        return self.create_ts <= ts and (self.drop_ts == 0 or ts < self.drop_ts)
+
+    def schema_at(self, ts: int) -> TableSchema:
+        current = self.schemas[0][1]
+        for from_ts, schema in self.schemas:
+            if from_ts <= ts:
+                current = schema
+        return current
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "create_ts": self.create_ts,
+            "table_id": self.table_id,
+            "drop_ts": self.drop_ts,
+            "schemas": [[ts, _schema_json(s)] for ts, s in self.schemas],
+        }
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> Incarnation:
+        return cls(
+            int(d["create_ts"]),
+            int(d["table_id"]),
+            int(d["drop_ts"]),
+            [(int(ts), _schema_from(s)) for ts, s in d["schemas"]],
+        )
+
+
+@dataclass
+class TableProgress:
+    name: str  # db.table
+    topic: str
+    watermark: int = 0  # highest commit/heartbeat ts applied from the table's topic
+    incarnations: list[Incarnation] = field(default_factory=list)
+    state_batch: int | None = None  # state/batch=<id> holds the current state
+    state_create_ts: int = 0  # the incarnation the state belongs to
+    index: int = 0  # the table's number in the change log's wide schema (stable)
+    pending: list[int] = field(default_factory=list)  # batches with its records undecoded (R)
+    change_rows: int = 0  # inserts + deletes in the change log
+    blocks: dict[str, str] = field(default_factory=dict)  # block id -> BlockMeta JSON
+    last_checkpoint: str = ""
+    # change-log directories: [batch id, path relative to output, column prefix]
+    change_dirs: list[list[Any]] = field(default_factory=list)
+    uncompacted: int = 0  # change rows after the state's batch
+    compacted_at: float = 0.0  # wall time of the last compaction
+
+    @property
+    def current(self) -> Incarnation | None:
+        return self.incarnations[-1] if self.incarnations else None
+
+    def columns(self) -> list[ColumnDef]:
+        inc = self.current
+        return union_columns(s for _, s in inc.schemas) if inc else []
+
+    def dirs_after(self, base: int | None, upto: int | None = None) -> list[list[Any]]:
+        return [
+            d
+            for d in self.change_dirs
+            if (base is None or d[0] > base) and (upto is None or d[0] <= upto)
+        ]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "topic": self.topic,
+            "watermark": self.watermark,
+            "incarnations": [i.to_json() for i in self.incarnations],
+            "state_batch": self.state_batch,
+            "state_create_ts": self.state_create_ts,
+            "index": self.index,
+            "pending": self.pending,
+            "change_rows": self.change_rows,
+            "blocks": self.blocks,
+            "last_checkpoint": self.last_checkpoint,
+            "change_dirs": self.change_dirs,
+            "uncompacted": self.uncompacted,
+            "compacted_at": self.compacted_at,
+        }
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> TableProgress:
+        return cls(
+            d["name"],
+            d["topic"],
+            int(d["watermark"]),
+            [Incarnation.from_json(i) for i in d["incarnations"]],
+            d["state_batch"],
+            int(d["state_create_ts"]),
+            int(d["index"]),
+            [int(b) for b in d["pending"]],
+            int(d["change_rows"]),
+            dict(d["blocks"]),
+            d["last_checkpoint"],
+            [list(x) for x in d["change_dirs"]],
+            int(d["uncompacted"]),
+            float(d["compacted_at"]),
+        )
+
+
+@dataclass
+class Progress:
+    batch_id: int = -1
+    catalog_topic: str = ""
+    catalog_watermark: int = 0
+    tables: dict[str, TableProgress] = field(default_factory=dict)
+    committed_at: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "batch_id": self.batch_id,
+            "catalog_topic": self.catalog_topic,
+            "catalog_watermark": self.catalog_watermark,
+            "tables": {k: v.to_json() for k, v in self.tables.items()},
+            "committed_at": self.committed_at,
+        }
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> Progress:
+        return cls(
+            int(d["batch_id"]),
+            d["catalog_topic"],
+            int(d["catalog_watermark"]),
+            {k: TableProgress.from_json(v) for k, v in d["tables"].items()},
+            float(d.get("committed_at", 0.0)),
+        )
+
+    def table(self, name: str) -> TableProgress:
+        tp = self.tables.get(name)
+        if tp is None:
+            raise NotSubscribedError(f"table {name} is not followed by this CN job")
+        return tp
+
+    def watermark(self, table: str | None = None) -> int:
+        if table is not None:
+            tp = self.table(table)
+            if tp.current is None:
+                return 0
+            if tp.current.drop_ts:  # nothing more will come on its topic
+                return self.catalog_watermark
+            return min(self.catalog_watermark, tp.watermark)
+        # A dropped table's topic stops: it no longer holds the job's watermark back.
+        marks = [self.catalog_watermark]
+        marks.extend(
+            tp.watermark
+            for tp in self.tables.values()
+            if tp.current is not None and not tp.current.drop_ts
+        )
+        return min(marks)
+
+
+def _progress_dir(output: str | Path) -> Path:
+    return Path(output) / PROGRESS
+
+
+def load_progress(output: str | Path) -> Progress | None:
+    """The last committed progress of the job writing to `output` (None: nothing yet)."""
+    d = _progress_dir(output)
+    if not d.is_dir():
+        return None
+    ids = sorted(int(p.stem) for p in d.glob("*.json") if p.stem.isdigit())
+    for batch_id in reversed(ids):
+        try:
+            return Progress.from_json(json.loads((d / f"{batch_id:020d}.json").read_text()))
+        except (OSError, ValueError, KeyError):
+            continue  # a torn file cannot exist (atomic rename), but be tolerant
+    return None
+
+
+def _write_progress(output: str | Path, progress: Progress) -> None:
+    d = _progress_dir(output)
+    d.mkdir(parents=True, exist_ok=True)
+    final = d / f"{progress.batch_id:020d}.json"
+    tmp = d / f".{progress.batch_id:020d}.json.tmp"
+    tmp.write_text(json.dumps(progress.to_json(), sort_keys=True))
+    with open(tmp, "rb") as f:
+        os.fsync(f.fileno())
+    os.replace(tmp, final)
+    old = sorted(p for p in d.glob("*.json") if p.stem.isdigit())
+    for p in old[:-KEEP_PROGRESS]:
+        p.unlink(missing_ok=True)
+
+
+# -- the catalog -------------------------------------------------------------------------
+
+
+def apply_catalog(progress: Progress, record: LogtailRecord) -> None:
+    """Apply one record of the catalog topic (same rules as `CNCore._apply_catalog`)."""
+    progress.catalog_watermark = max(progress.catalog_watermark, record.commit_ts)
+    body = record.body
+    if not isinstance(body, Catalog):
+        return  # the catalog topic's heartbeat
+    if body.op in (CatalogOp.CREATE_DATABASE, CatalogOp.DROP_DATABASE):
+        return
+    tp = progress.tables.get(f"{record.database}.{record.table}")
+    if tp is None:
+        return
+    inc = tp.current
+    if body.op is CatalogOp.CREATE_TABLE:
+        if inc is not None and inc.create_ts == record.commit_ts:
+            return  # re-delivered
+        assert body.schema is not None, "create_table without a schema"
+        if inc is None or inc.drop_ts:
+            tp.incarnations.append(
+                Incarnation(record.commit_ts, record.table_id, 0, [(record.commit_ts, body.schema)])
+            )
+        else:  # created again without a drop: keep the rows, take the new schema (as CNCore)
+            inc.create_ts = record.commit_ts
+            inc.schemas.append((record.commit_ts, body.schema))
+    elif inc is None:
+        return
+    elif body.op is CatalogOp.DROP_TABLE:
+        inc.drop_ts = inc.drop_ts or record.commit_ts
+    elif body.op is CatalogOp.ALTER_TABLE and body.schema is not None:
+        if all(ts != record.commit_ts for ts, _ in inc.schemas):
+            inc.schemas.append((record.commit_ts, body.schema))
+
+
+# -- the batch ---------------------------------------------------------------------------
+
+
+def _table_dir(output: str | Path, table: str) -> Path:
+    return Path(output) / table
+
+
+def _decoder(ddl_cols: Sequence[ColumnDef]) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    target = change_schema(ddl_cols)
+
+    def decode(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        return decode_changes(batches, target)
+
+    return decode
+
+
+def _dedupe_by_key(df: Any, pk: str) -> Any:
+    """Keyed by primary key: the latest version (commit ts, then row id) wins."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    w = Window.partitionBy(pk).orderBy(F.col(COMMIT_TS).desc(), F.col(ROW_ID).desc())
+    return df.withColumn("__rank", F.row_number().over(w)).filter("__rank = 1").drop("__rank")
+
+
+class BatchWriter:
+    """`foreachBatch` target: applies one micro-batch to the state under `output`.
+
+    `hints`: table -> schemas known from the catalog topic before the query started
+    (`catalog_hints`), so that the batch that carries a table's create_table can decode the
+    table's records in the same pass."""
+
+    def __init__(
+        self,
+        output: str | Path,
+        catalog_topic: str,
+        tables: dict[str, str],
+        compact_interval_s: float = 10.0,
+        hints: dict[str, list[TableSchema]] | None = None,
+    ) -> None:
+        self.output = str(output)
+        self.compact_interval_s = compact_interval_s
+        self.catalog_topic = catalog_topic
+        self.tables = tables  # db.table -> topic
+        self.hints = hints or {}
+        self.batches_applied = 0
+        self.batches_skipped = 0
+        self.timings: dict[str, float] = {}  # seconds spent per step, over all batches
+        self._t = time.perf_counter()
+
+    def _lap(self, step: str) -> None:
+        now = time.perf_counter()
+        self.timings[step] = round(self.timings.get(step, 0.0) + now - self._t, 3)
+        self._t = now
+
+    def __call__(self, df: Any, batch_id: int) -> None:
+        self.process_batch(df, batch_id)
+
+    def _fresh_progress(self) -> Progress:
+        prog = load_progress(self.output) or Progress(catalog_topic=self.catalog_topic)
+        for name, topic in self.tables.items():
+            if name not in prog.tables:
+                used = {tp.index for tp in prog.tables.values()}
+                index = next(i for i in range(len(used) + 1) if i not in used)
+                prog.tables[name] = TableProgress(name, topic, index=index)
+        return prog
+
+    def _plan(self, prog: Progress) -> dict[int, list[ColumnDef] | None]:
+        plan: dict[int, list[ColumnDef] | None] = {}
+        for name in self.tables:
+            tp = prog.tables[name]
+            schemas = [s for _, s in tp.current.schemas] if tp.current else []
+            schemas += self.hints.get(name, [])
+            plan[tp.index] = union_columns(schemas) if schemas else None
+        return plan
+
+    def _pass(self, df: Any, bdir: Path, prog: Progress, plan: dict[int, list[ColumnDef] | None]) -> None:
+        """Decode every record of the batch (one pass, on the executors) into the change log
+        `_changes/batch=<id>/__table=<index>/`, replacing what a failed attempt left."""
+        topics = {self.catalog_topic: CATALOG_INDEX}
+        topics.update({prog.tables[n].topic: prog.tables[n].index for n in self.tables})
+
+        def decode(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+            return decode_all(batches, topics, plan)
+
+        (
+            df.select("topic", "offset", "value")
+            .mapInArrow(decode, wide_ddl(plan))
+            .write.partitionBy(TABLE)
+            .mode("overwrite")
+            .parquet(str(bdir))
+        )
+
+    def process_batch(self, df: Any, batch_id: int) -> None:
+        self._t = time.perf_counter()
+        prog = self._fresh_progress()
+        if prog.batch_id >= batch_id:
+            self.batches_skipped += 1  # committed before a crash; Spark replays it: no-op
+            return
+        spark = df.sparkSession
+        bdir = Path(self.output) / CHANGES / f"batch={batch_id}"
+        plan = self._plan(prog)
+        self._pass(df, bdir, prog, plan)
+        self._lap("decode+write")
+        catalog = _read_local(bdir / f"{TABLE}={CATALOG_INDEX}", [OFFSET, RAW])
+        for _, value in sorted(
+            zip(catalog.column(OFFSET).to_pylist(), catalog.column(RAW).to_pylist(), strict=True)
+        ):
+            apply_catalog(prog, decode_logtail(value))
+        stats = {n: _read_local(bdir / f"{TABLE}={prog.tables[n].index}", _STAT_COLS) for n in self.tables}
+        if any(_has_raw(stats[n]) and prog.tables[n].current is not None for n in self.tables):
+            # a table created in this very batch: decode the batch again, with its schema
+            plan = self._plan(prog)
+            self._pass(df, bdir, prog, plan)
+            stats = {n: _read_local(bdir / f"{TABLE}={prog.tables[n].index}", _STAT_COLS) for n in self.tables}
+        self._lap("stats")
+        old_states: list[Path] = []
+        for name in self.tables:
+            self._apply_table(spark, batch_id, prog.tables[name], stats[name], old_states)
+        prog.batch_id = batch_id
+        prog.committed_at = time.time()
+        _write_progress(self.output, prog)  # the commit
+        for path in old_states:
+            shutil.rmtree(path, ignore_errors=True)
+        self.batches_applied += 1
+        self._lap("commit")
+        if os.environ.get("KWAL_SPARK_TIMINGS"):
+            print(f"[kwal cn spark] batch {batch_id}: {self.timings}", file=sys.stderr, flush=True)
+
+    def _apply_table(
+        self, spark: Any, batch_id: int, tp: TableProgress, stats: pa.Table, old_states: list[Path]
+    ) -> None:
+        from pyspark.sql import functions as F
+
+        changed = 0
+        if stats.num_rows:
+            rel = f"{CHANGES}/batch={batch_id}/{TABLE}={tp.index}"
+            tp.change_dirs.append([batch_id, rel, wide_name(tp.index, "")])
+            if _has_raw(stats):
+                tp.pending.append(batch_id)  # no create_table seen yet: decode later
+            changed += _absorb(tp, stats)
+        if tp.pending and tp.current is not None:
+            paths = [
+                str(Path(self.output) / CHANGES / f"batch={b}" / f"{TABLE}={tp.index}")
+                for b in tp.pending
+            ]
+            records = (
+                spark.read.parquet(*paths)
+                .filter(F.col(OP) == RAW_RECORD)
+                .select(F.col(RAW).alias("value"), F.col(OFFSET).alias("offset"))
+            )
+            cols = tp.columns()
+            rdir = _table_dir(self.output, tp.name) / "redecoded" / f"batch={batch_id}"
+            records.mapInArrow(_decoder(cols), change_ddl(cols)).write.mode("overwrite").parquet(
+                str(rdir)
+            )
+            tp.change_dirs.append([batch_id, str(rdir.relative_to(self.output)), ""])
+            tp.pending = []
+            changed += _absorb(tp, _read_local(rdir, _STAT_COLS))
+        self._lap("redecode")
+        if tp.current is not None:
+            self._compact(spark, batch_id, tp, changed, old_states)
+            self._lap("compact")
+
+    def _compact(
+        self,
+        spark: Any,
+        batch_id: int,
+        tp: TableProgress,
+        changed: int,
+        old_states: list[Path],
+    ) -> None:
+        """state/batch=<id> = the previous state merged with the change log after it, when
+        `compact_interval_s` has passed since the last compaction (or since the incarnation
+        began); readers merge the change-log tail themselves in between."""
+        inc = tp.current
+        assert inc is not None
+        tdir = _table_dir(self.output, tp.name)
+        same_life = tp.state_batch is not None and tp.state_create_ts == inc.create_ts
+        if inc.drop_ts:
+            if tp.state_batch is not None:
+                old_states.append(tdir / "state" / f"batch={tp.state_batch}")
+            tp.state_batch = None
+            tp.state_create_ts = inc.create_ts
+            tp.compacted_at = 0.0
+            return
+        if not same_life and tp.state_create_ts != inc.create_ts:
+            # a new incarnation (first batch of a table, or created again): state starts empty
+            if tp.state_batch is not None:
+                old_states.append(tdir / "state" / f"batch={tp.state_batch}")
+            tp.state_batch = None
+            tp.state_create_ts = inc.create_ts
+            tp.uncompacted = 0
+            tp.compacted_at = time.time()
+        tp.uncompacted += changed
+        if tp.uncompacted == 0 or time.time() - tp.compacted_at < self.compact_interval_s:
+            return
+        base = tp.state_batch
+        state = _merge(spark, self.output, tp, base, tp.dirs_after(base, batch_id), inc)
+        state.write.mode("overwrite").parquet(str(tdir / "state" / f"batch={batch_id}"))
+        if tp.state_batch is not None and tp.state_batch != batch_id:
+            # keep the previous state one more commit (a reader may be using it)
+            old_states.extend(
+                p
+                for p in (tdir / "state").glob("batch=*")
+                if p.name not in (f"batch={tp.state_batch}", f"batch={batch_id}")
+            )
+        tp.state_batch = batch_id
+        tp.state_create_ts = inc.create_ts
+        tp.uncompacted = 0
+        tp.compacted_at = time.time()
+
+
+def _merge(
+    spark: Any,
+    output: str | Path,
+    tp: TableProgress,
+    base: int | None,
+    tail: Sequence[list[Any]],
+    inc: Incarnation,
+    upto_ts: int | None = None,
+) -> Any:
+    """Rows (`__row_id`, `__commit_ts`, user columns) of incarnation `inc`: the state
+    written by batch `base` (or nothing) + inserts of change-log dirs `tail` (commit ts <=
+    `upto_ts`) - their deletes, one row per primary key (latest commit ts wins)."""
+    from pyspark.sql import functions as F
+
+    cols = tp.columns()
+    keep = [ROW_ID, COMMIT_TS, *(c.name for c in cols)]
+    tdir = _table_dir(output, tp.name)
+    parts = []
+    if base is not None:
+        parts.append(_conform(spark.read.parquet(str(tdir / "state" / f"batch={base}")), cols))
+    deletes = None
+    if tail:
+        changes = _changes_df(spark, output, tail, cols)
+        live = F.col(COMMIT_TS) >= inc.create_ts
+        if upto_ts is not None:
+            live = live & (F.col(COMMIT_TS) <= upto_ts)
+        parts.append(changes.filter(live & (F.col(OP) == INSERT)))
+        deletes = changes.filter(live & (F.col(OP) == DELETE)).select(ROW_ID)
+    if not parts:
+        return spark.createDataFrame([], _ddl([ColumnDef(0, ROW_ID, ColumnType.INT64),
+                                               ColumnDef(0, COMMIT_TS, ColumnType.INT64), *cols]))
+    rows = parts[0].select(*keep)
+    for part in parts[1:]:
+        rows = rows.unionByName(part.select(*keep))
+    if deletes is not None:
+        rows = rows.join(F.broadcast(deletes), ROW_ID, "left_anti")
+    # one row per key (a row id is one key, so this also drops re-delivered inserts)
+    return _dedupe_by_key(rows, inc.schema_at(2**62).primary_key)
+
+
+def _ddl(cols: Sequence[ColumnDef]) -> str:
+    return ", ".join(f"`{c.name}` {spark_type_name(c.type)}" for c in cols)
+
+
+_STAT_COLS = [OP, COMMIT_TS, META]
+
+
+def _has_raw(stats: pa.Table) -> bool:
+    return stats.num_rows > 0 and bool(pc.any(pc.equal(stats.column(OP), RAW_RECORD)).as_py())
+
+
+def _absorb(tp: TableProgress, stats: pa.Table) -> int:
+    """Fold a batch's decoded control rows into `tp` (watermark, block metas, checkpoint);
+    returns its insert + delete count. Undecoded records (R) do not move the watermark."""
+    ops = stats.column(OP).to_pylist()
+    tss = stats.column(COMMIT_TS).to_pylist()
+    metas = stats.column(META).to_pylist()
+    changed = 0
+    for op, ts, meta in zip(ops, tss, metas, strict=True):
+        if op == RAW_RECORD:
+            continue
+        tp.watermark = max(tp.watermark, int(ts))
+        if op in (INSERT, DELETE):
+            changed += 1
+        elif op == BLOCK:
+            tp.blocks[str(json.loads(meta)["block_id"])] = meta
+        elif op == CHECKPOINT:
+            tp.last_checkpoint = meta
+    tp.change_rows += changed
+    return changed
+
+
+def _changes_df(spark: Any, output: str | Path, dirs: Sequence[list[Any]], cols: Sequence[ColumnDef]) -> Any:
+    """The change rows (meta columns + `cols`) of change-log `dirs`, op R left out."""
+    from pyspark.sql import functions as F
+
+    by_prefix: dict[str, list[str]] = {}
+    for _batch, rel, prefix in dirs:
+        by_prefix.setdefault(prefix, []).append(str(Path(output) / rel))
+    out = None
+    for prefix, paths in by_prefix.items():
+        df = spark.read.option("mergeSchema", "true").parquet(*paths)
+        have = set(df.columns)
+        sel = [F.col(m) for m in META_NAMES]
+        for c in cols:
+            name = prefix + c.name
+            sel.append(
+                (F.col(name) if name in have else F.lit(None).cast(spark_type_name(c.type))).alias(c.name)
+            )
+        df = df.select(*sel).filter(F.col(OP) != RAW_RECORD)
+        out = df if out is None else out.unionByName(df)
+    return out
+
+
+def _read_local(path: Path, columns: list[str]) -> pa.Table:
+    """Columns of the Parquet files Spark wrote under `path` (a local directory)."""
+    import pyarrow.parquet as pq
+
+    files = sorted(p for p in path.glob("*.parquet") if not p.name.startswith((".", "_")))
+    tables = [pq.read_table(f, columns=columns) for f in files]
+    tables = [t for t in tables if t.num_rows]
+    if not tables:
+        types = {OP: pa.string(), COMMIT_TS: pa.int64(), META: pa.string(), OFFSET: pa.int64(),
+                 RAW: pa.binary()}
+        return pa.table({c: pa.array([], types[c]) for c in columns})
+    return pa.concat_tables(tables, promote_options="permissive")
+
+
+def _conform(df: Any, cols: Sequence[ColumnDef]) -> Any:
+    """`df` with every column of `cols` (added as typed nulls where missing: alter table)."""
+    from pyspark.sql import functions as F
+
+    have = set(df.columns)
+    for c in cols:
+        if c.name not in have:
+            df = df.withColumn(c.name, F.lit(None).cast(spark_type_name(c.type)))
+    return df
+
+
+# -- readers -----------------------------------------------------------------------------
+
+
+def _committed(output: str | Path) -> Progress:
+    prog = load_progress(output)
+    if prog is None:
+        raise TableNotFoundError(f"no CN job output at {output} yet")
+    return prog
+
+
+def watermark(output: str | Path, table: str | None = None) -> int:
+    """The watermark of `table` (or of the whole job) in the committed output; 0 if none."""
+    prog = load_progress(output)
+    if prog is None:
+        return 0
+    return prog.watermark(table)
+
+
+def state_ts(output: str | Path, table: str) -> int:
+    """The ts the current state (`read_state`) reflects: every change of the table's topic
+    with commit ts <= it is applied (>= `watermark`, which the catalog also caps)."""
+    return _committed(output).table(table).watermark
+
+
+def _user_columns(df: Any, schema: TableSchema) -> Any:
+    from pyspark.sql import functions as F
+
+    have = set(df.columns)
+    cols = [
+        F.col(c.name)
+        if c.name in have
+        else F.lit(None).cast(spark_type_name(c.type)).alias(c.name)
+        for c in schema.columns
+    ]
+    return df.select(*cols).orderBy(schema.primary_key)
+
+
+def read_state(spark: Any, output: str | Path, table: str) -> Any:
+    """The table's current state (at `state_ts`): one row per primary key, user columns in
+    schema order, sorted by primary key: the last compacted state merged with the change log
+    committed after it. Raises TableNotFoundError for a dropped table."""
+    prog = _committed(output)
+    tp = prog.table(table)
+    inc = tp.current
+    if inc is None or inc.drop_ts:
+        raise TableNotFoundError(f"table {table} does not exist (dropped or not yet created)")
+    base = tp.state_batch if tp.state_create_ts == inc.create_ts else None
+    rows = _merge(spark, output, tp, base, tp.dirs_after(base), inc)
+    return _user_columns(rows, inc.schema_at(2**62))
+
+
+def read_changes(spark: Any, output: str | Path, table: str) -> Any:
+    """The table's committed change log (all ops, all incarnations), or None if empty."""
+    prog = _committed(output)
+    tp = prog.table(table)
+    if not tp.change_dirs:
+        return None
+    cols = union_columns(s for inc in tp.incarnations for _, s in inc.schemas)
+    return _changes_df(spark, output, tp.change_dirs, cols)
+
+
+def read_as_of(spark: Any, output: str | Path, table: str, ts: int) -> Any:
+    """The table as of `ts` (<= its watermark), computed from the change log: user columns
+    in the schema at ts, sorted by primary key."""
+    prog = _committed(output)
+    tp = prog.table(table)
+    mark = prog.watermark(table)
+    if ts > mark:
+        raise AboveWatermarkError(f"{table} as of ts {ts} is not available: watermark is {mark}")
+    inc = next((i for i in tp.incarnations if i.alive_at(ts)), None)
+    if inc is None:
+        raise TableNotFoundError(f"table {table} does not exist at ts {ts}")
+    rows = _merge(spark, output, tp, None, tp.change_dirs, inc, upto_ts=ts)
+    return _user_columns(rows, inc.schema_at(ts))
+
+
+# -- running -----------------------------------------------------------------------------
+
+
+def parse_tables(text: str | Sequence[str]) -> list[str]:
+    items = text.split(",") if isinstance(text, str) else list(text)
+    tables = [t.strip() for t in items if t.strip()]
+    for t in tables:
+        db, _, name = t.partition(".")
+        if not db or not name:
+            raise ValueError(f"a table is db.table, got {t!r}")
+    if not tables:
+        raise ValueError("no tables given")
+    return tables
+
+
+def start_query(
+    spark: Any,
+    bootstrap: str,
+    catalog_topic: str,
+    table_topics: dict[str, str],
+    output: str | Path,
+    checkpoint: str | Path | None = None,
+    trigger: str = "1s",
+    max_records_per_trigger: int | None = None,
+    source_options: dict[str, Any] | None = None,
+    compact_interval_s: float = 10.0,
+) -> Any:
+    """Start the CN query (returns the StreamingQuery). `trigger`: "available-now", or a
+    processing-time interval ("1s", "500 milliseconds")."""
+    from consumers.spark.source import kafka_stream
+
+    options: dict[str, Any] = {
+        "startingOffsets": "earliest",
+        "maxRecordsPerPartition": 50000,
+        "kafka.fetch.wait.max.ms": 50,
+    }
+    if max_records_per_trigger:
+        options["maxRecordsPerTrigger"] = max_records_per_trigger
+    options.update(source_options or {})
+    topics = [catalog_topic, *table_topics.values()]
+    hints = catalog_hints(spark, bootstrap, catalog_topic, list(table_topics), options)
+    df = kafka_stream(spark, bootstrap, topics, **options)
+    writer = BatchWriter(output, catalog_topic, table_topics, compact_interval_s, hints)
+    ckpt = str(checkpoint or Path(output) / "_checkpoint")
+    w = df.writeStream.foreachBatch(writer).option("checkpointLocation", ckpt).queryName(
+        f"kwal-cn-{abs(hash(str(output))) % 10**8}"
+    )
+    if trigger in ("available-now", "availableNow", "once"):
+        w = w.trigger(availableNow=True)
+    else:
+        w = w.trigger(processingTime=_interval(trigger))
+    return w.start()
+
+
+def catalog_hints(
+    spark: Any, bootstrap: str, catalog_topic: str, tables: list[str], options: dict[str, Any]
+) -> dict[str, list[TableSchema]]:
+    """Schemas of `tables` in the catalog topic now (a batch read): decoding hints only; the
+    job's catalog state is built from the stream's own catalog records."""
+    from consumers.spark.source import SOURCE_NAME, register
+
+    register(spark)
+    reader = (
+        spark.read.format(SOURCE_NAME)
+        .option("bootstrap", bootstrap)
+        .option("topics", catalog_topic)
+        .option("startingOffsets", "earliest")
+    )
+    for key, value in options.items():
+        if key.lower().startswith("kafka.") or key.lower() == "polltimeoutms":
+            reader = reader.option(key, str(value))
+    scratch = Progress(catalog_topic=catalog_topic)
+    for name in tables:
+        scratch.tables[name] = TableProgress(name, "")
+    for row in sorted(reader.load().select("offset", "value").collect(), key=lambda r: r["offset"]):
+        apply_catalog(scratch, decode_logtail(bytes(row["value"])))
+    return {
+        name: [s for inc in tp.incarnations for _, s in inc.schemas]
+        for name, tp in scratch.tables.items()
+        if tp.incarnations
+    }
+
+
+def _interval(text: str) -> str:
+    t = text.strip()
+    if t.endswith("ms") and t[:-2].strip().isdigit():
+        return f"{t[:-2].strip()} milliseconds"
+    if t.endswith("s") and t[:-1].strip().replace(".", "", 1).isdigit():
+        return f"{t[:-1].strip()} seconds"
+    return t
+
+
+def build_session(app: str = "kwal-cn", master: str | None = None, driver_memory: str = "1g") -> Any:
+    """A SparkSession for the job. Reuses an active one; under spark-submit (the JVM is already
+    up: PYSPARK_GATEWAY_PORT is set) its master and settings win; otherwise a local session
+    with the laptop settings (see the module docstring)."""
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        return active
+    builder = SparkSession.builder.appName(app)
+    if "PYSPARK_GATEWAY_PORT" not in os.environ:
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+        builder = (
+            builder.master(master or "local[2]")
+            .config("spark.driver.memory", driver_memory)
+            .config("spark.sql.shuffle.partitions", "2")
+            .config("spark.driver.bindAddress", "127.0.0.1")
+            .config("spark.driver.host", "127.0.0.1")
+            .config("spark.ui.enabled", "false")
+            .config("spark.ui.showConsoleProgress", "false")
+        )
+    elif master:
+        builder = builder.master(master)
+    return builder.getOrCreate()
+
+
+def run(args: Any, cfg: Any) -> int:
+    """`kwal cn spark`: args.tables "db.t1,db.t2", args.output PATH, args.trigger "1s" |
+    "available-now"; optional args.checkpoint, args.max_records_per_trigger, args.master,
+    args.compact_interval (seconds, default 10), args.timeout (seconds, 0 = forever).
+    Exit code 0, 1 when the query failed, 2 for bad arguments."""
+    try:
+        tables = parse_tables(args.tables)
+    except ValueError as e:
+        print(f"kwal cn spark: {e}", file=sys.stderr)
+        return 2
+    output = str(args.output)
+    trigger = str(getattr(args, "trigger", "1s") or "1s")
+    spark = build_session(master=getattr(args, "master", None))
+    topics = {t: cfg.topics.logtail(*t.split(".", 1)) for t in tables}
+    kafka_opts = {f"kafka.{k}": v for k, v in cfg.kafka.items() if k != "bootstrap.servers"}
+    q = start_query(
+        spark,
+        cfg.bootstrap,
+        cfg.topics.catalog,
+        topics,
+        output,
+        checkpoint=getattr(args, "checkpoint", None),
+        trigger=trigger,
+        max_records_per_trigger=getattr(args, "max_records_per_trigger", None),
+        source_options=kafka_opts,
+        compact_interval_s=float(getattr(args, "compact_interval", None) or 10.0),
+    )
+    timeout = float(getattr(args, "timeout", 0) or 0)
+    print(f"kwal cn spark: following {', '.join(tables)} into {output} (trigger {trigger})",
+          file=sys.stderr, flush=True)
+    try:
+        finished = q.awaitTermination(timeout) if timeout else q.awaitTermination()
+        if timeout and not finished:
+            q.stop()
+    except KeyboardInterrupt:
+        q.stop()
+    error = q.exception()
+    if error is not None:
+        print(f"kwal cn spark: the query failed: {error}", file=sys.stderr)
+        return 1
+    for t in tables:
+        print(f"{t}: watermark {watermark(output, t)}", file=sys.stderr)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point for `spark-submit consumers/spark/job.py ...` (and `python -m`)."""
+    from infra.config import KwalConfig
+
+    ap = argparse.ArgumentParser(description="kwal Spark CN job")
+    ap.add_argument("--tables", required=True, help="db.t1,db.t2")
+    ap.add_argument("--output", required=True, help="output directory")
+    ap.add_argument("--bootstrap", default="", help="Kafka bootstrap servers")
+    ap.add_argument("--topic-prefix", default="", help="kwal topic prefix (default: config)")
+    ap.add_argument("--trigger", default="1s", help="1s (processing time) or available-now")
+    ap.add_argument("--checkpoint", default=None, help="default: OUTPUT/_checkpoint")
+    ap.add_argument("--max-records-per-trigger", type=int, default=None)
+    ap.add_argument("--compact-interval", type=float, default=10.0,
+                    help="seconds between compactions of a table's state")
+    ap.add_argument("--timeout", type=float, default=0, help="stop after this many seconds")
+    ap.add_argument("--master", default=None, help="Spark master (default: spark-submit's)")
+    args = ap.parse_args(argv)
+    cfg = KwalConfig.load()
+    if args.bootstrap:
+        cfg = cfg.with_bootstrap(args.bootstrap)
+    if args.topic_prefix:
+        cfg.topics.prefix = args.topic_prefix
+    return run(args, cfg)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,346 @@
+"""`kwal bench spark`: the Spark CN job's throughput and latency, beside raw decoding.
+
+One JSON line (`infra.bench.report.emit`):
+
+- `rows_per_s`: table rows (inserts) through the kwal Kafka source, decoded and applied into
+  the job's state (change log + compacted state, committed), for `--rows` rows (default
+  200,000) in transactions of `--rows-per-txn` rows, on local[2], with an availableNow
+  query: rows / wall time from the query's start to its end (start/stop included);
+  `batch_rows_per_s` counts only the micro-batches that carried rows;
+- `raw_rows_per_s`: one Python process consuming the same records with confluent-kafka and
+  decoding each (`decode_logtail` + the Arrow batch), in the same run; `vs_raw` =
+  rows_per_s / raw_rows_per_s (target >= 0.5; `rows_per_s` target >= 30,000);
+- `latency_p50_ms` / `latency_max_ms`: with a 1 s processing-time trigger, from a record's
+  acknowledgement by Kafka to its commit being visible in the output (the job's progress
+  file shows the table's watermark at the record's ts), over `--latency-samples` records.
+
+Steps: (1) use the broker at `cfg.bootstrap`, or start the embedded one when nothing
+listens there (stopped at the end); (2) produce the records to a fresh table topic; (3) a
+warm-up query (Python workers start); (4) raw; (5) Spark; (6) latency.
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from infra.bench.kafka import bench_kafka
+from infra.bench.report import emit, percentile, ratio
+from infra.config import KwalConfig
+from schemas.arrow_ipc import arrow_schema, table_to_ipc
+from schemas.logtail import (
+    COMMIT_TS,
+    ROW_ID,
+    Catalog,
+    CatalogOp,
+    Changes,
+    Heartbeat,
+    LogtailRecord,
+    decode_logtail,
+    encode_logtail,
+    make_row_id,
+)
+from schemas.wal import ColumnDef, ColumnType, TableSchema
+
+DB = "bench"
+SCHEMA = TableSchema(
+    (
+        ColumnDef(1, "id", ColumnType.INT64, False),
+        ColumnDef(2, "name", ColumnType.STRING),
+        ColumnDef(3, "score", ColumnType.FLOAT64),
+    ),
+    "id",
+)
+
+
+def _log(msg: str) -> None:
+    print(f"[bench spark] {msg}", file=sys.stderr, flush=True)
+
+
+class _Writer:
+    """Produces a table's logtail: create_table, then transactions of inserts."""
+
+    def __init__(self, cfg: KwalConfig, producer: Producer, table: str) -> None:
+        self.cfg = cfg
+        self.p = producer
+        self.table = table
+        self.topic = cfg.topics.logtail(DB, table)
+        self.ts = 1_000
+        self.lsn = 0
+        self.next_id = 0
+
+    def _send(self, topic: str, record: LogtailRecord) -> None:
+        while True:
+            try:
+                self.p.produce(topic, value=encode_logtail(record), partition=0)
+                return
+            except BufferError:
+                self.p.poll(0.05)
+
+    def create(self) -> None:
+        self.ts += 1
+        self.lsn += 1
+        body = Catalog(CatalogOp.CREATE_TABLE, 1, SCHEMA)
+        self._send(self.cfg.topics.catalog, LogtailRecord(DB, self.table, self.ts, body, 1, self.lsn))
+
+    def txn(self, rows: int, ts: int | None = None) -> int:
+        self.ts = max(self.ts + 1, ts or 0)
+        self.lsn += 1
+        ids = list(range(self.next_id, self.next_id + rows))
+        self.next_id += rows
+        batch = pa.table(
+            {
+                ROW_ID: pa.array([make_row_id(1 + i // 8192, i % 8192) for i in ids], pa.int64()),
+                COMMIT_TS: pa.array([self.ts] * rows, pa.int64()),
+                "id": pa.array(ids, pa.int64()),
+                "name": pa.array([f"name-{i}" for i in ids], pa.string()),
+                "score": pa.array([i * 0.5 for i in ids], pa.float64()),
+            },
+            schema=pa.schema(
+                [pa.field(ROW_ID, pa.int64()), pa.field(COMMIT_TS, pa.int64()), *arrow_schema(SCHEMA)]
+            ),
+        )
+        body = Changes(table_to_ipc(batch), None)
+        self._send(self.topic, LogtailRecord(DB, self.table, self.ts, body, 1, self.lsn))
+        return self.ts
+
+    def heartbeat(self) -> None:
+        self.ts += 1
+        self._send(self.cfg.topics.catalog, LogtailRecord("", "", self.ts, Heartbeat()))
+        self._send(self.topic, LogtailRecord(DB, self.table, self.ts, Heartbeat()))
+
+    def flush(self) -> None:
+        if self.p.flush(60) != 0:
+            raise RuntimeError("bench: records not acknowledged within 60 s")
+
+
+def _create_topics(cfg: KwalConfig, topics: list[str]) -> None:
+    admin = AdminClient(cfg.kafka_client())
+    futures = admin.create_topics([NewTopic(t, 1, cfg.topics.replication_factor) for t in topics])
+    for f in futures.values():
+        f.result(timeout=30)
+
+
+def raw_decode(cfg: KwalConfig, topic: str, records: int, timeout_s: float = 120) -> tuple[float, int]:
+    """Seconds for one Python process to consume `records` records of `topic` and decode each
+    (Avro envelope + Arrow batch); and the rows they carried."""
+    from consumers.spark.decode import count_rows
+
+    c = Consumer(
+        cfg.kafka_client(
+            **{
+                "group.id": f"kwal-bench-raw-{uuid.uuid4().hex[:6]}",
+                "enable.auto.commit": False,
+                "fetch.wait.max.ms": 50,
+            }
+        )
+    )
+    try:
+        t0 = time.perf_counter()
+        c.assign([TopicPartition(topic, 0, 0)])
+        got = rows = 0
+        deadline = time.monotonic() + timeout_s
+        while got < records:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"bench raw: {got}/{records} records within {timeout_s}s")
+            for m in c.consume(min(10000, records - got), 1.0):
+                err = m.error()
+                if err is not None:
+                    if err.code() == KafkaError._PARTITION_EOF:
+                        continue
+                    raise RuntimeError(f"bench raw: {err}")
+                rows += count_rows(decode_logtail(m.value() or b""))
+                got += 1
+        return time.perf_counter() - t0, rows
+    finally:
+        c.close()
+
+
+def _run_available_now(
+    spark: Any, cfg: KwalConfig, table: str, out: Path, records: int, timeout_s: float = 600
+) -> tuple[float, list[dict[str, Any]]]:
+    from consumers.spark.job import start_query
+
+    t0 = time.perf_counter()
+    q = start_query(
+        spark,
+        cfg.bootstrap,
+        cfg.topics.catalog,
+        {f"{DB}.{table}": cfg.topics.logtail(DB, table)},
+        out,
+        trigger="available-now",
+        source_options={"maxRecordsPerPartition": max(1000, math.ceil(records / 2))},
+    )
+    try:
+        if not q.awaitTermination(timeout_s):
+            raise RuntimeError(f"bench: spark query did not finish within {timeout_s}s")
+        if q.exception() is not None:
+            raise RuntimeError(f"bench: spark query failed: {q.exception()}")
+        elapsed = time.perf_counter() - t0
+        progress = [
+            {"rows": p.get("numInputRows"), **p.get("durationMs", {})} for p in q.recentProgress
+        ]
+    finally:
+        q.stop()
+    return elapsed, progress
+
+
+def _latency(
+    spark: Any, cfg: KwalConfig, producer: Producer, work: Path, samples: int
+) -> list[float]:
+    """Commit-to-visible seconds of `samples` one-row transactions, 1 s trigger."""
+    from consumers.spark.job import load_progress, start_query
+
+    table = f"lat{uuid.uuid4().hex[:6]}"
+    _create_topics(cfg, [cfg.topics.logtail(DB, table)])
+    w = _Writer(cfg, producer, table)
+    w.create()
+    w.txn(1)
+    w.flush()
+    out = work / "latency"
+    name = f"{DB}.{table}"
+    q = start_query(
+        spark, cfg.bootstrap, cfg.topics.catalog, {name: w.topic}, out, trigger="1s"
+    )
+    lat: list[float] = []
+    try:
+        deadline = time.monotonic() + 120
+        while True:  # the first batches (catch-up) are not measured
+            prog = load_progress(out)
+            if prog is not None and prog.tables[name].watermark >= w.ts:
+                break
+            if time.monotonic() > deadline or q.exception() is not None:
+                raise RuntimeError(f"bench latency: the job did not catch up: {q.exception()}")
+            time.sleep(0.05)
+        for i in range(samples):
+            time.sleep(0.37 * (i % 3))  # land at different points of the trigger interval
+            ts = w.txn(1, ts=time.time_ns() // 1000)
+            # the catalog watermark must move too (the TN's heartbeat does that)
+            w.ts -= 1
+            w.heartbeat()
+            w.flush()
+            acked = time.perf_counter()
+            limit = time.monotonic() + 60
+            while True:
+                prog = load_progress(out)
+                if prog is not None and prog.watermark(name) >= ts:
+                    lat.append(time.perf_counter() - acked)
+                    break
+                if time.monotonic() > limit or q.exception() is not None:
+                    raise RuntimeError(f"bench latency: ts {ts} not visible: {q.exception()}")
+                time.sleep(0.01)
+    finally:
+        q.stop()
+    return lat
+
+
+def bench(spark: Any, cfg: KwalConfig, rows: int, rows_per_txn: int, samples: int) -> dict[str, Any]:
+    work = Path(tempfile.mkdtemp(prefix="kwal-bench-spark-"))
+    table = f"t{uuid.uuid4().hex[:6]}"
+    warm = f"w{uuid.uuid4().hex[:6]}"
+    out: dict[str, Any] = {"bench": "spark", "rows": rows, "rows_per_txn": rows_per_txn}
+    producer = Producer(cfg.kafka_client(**{"linger.ms": 20, "batch.num.messages": 10000}))
+    try:
+        _create_topics(
+            cfg, [cfg.topics.catalog, cfg.topics.logtail(DB, table), cfg.topics.logtail(DB, warm)]
+        )
+        t0 = time.perf_counter()
+        w = _Writer(cfg, producer, table)
+        w.create()
+        txns = math.ceil(rows / rows_per_txn)
+        for i in range(txns):
+            w.txn(min(rows_per_txn, rows - i * rows_per_txn))
+        w.heartbeat()
+        w.flush()
+        out["produce_s"] = round(time.perf_counter() - t0, 3)
+        records = txns + 1
+
+        ww = _Writer(cfg, producer, warm)
+        ww.create()
+        for _ in range(50):
+            ww.txn(rows_per_txn)
+        ww.flush()
+        _log("warm-up query")
+        _run_available_now(spark, cfg, warm, work / "warm", 50)
+
+        _log(f"raw: {records} records")
+        raw_s, raw_rows = raw_decode(cfg, w.topic, records)
+        if raw_rows != rows:
+            raise RuntimeError(f"bench raw: decoded {raw_rows} rows, not {rows}")
+        _log("spark")
+        spark_s, progress = _run_available_now(spark, cfg, table, work / "run", records)
+        from consumers.spark.job import read_state, watermark
+
+        state_rows = read_state(spark, work / "run", f"{DB}.{table}").count()
+        if state_rows != rows:
+            raise RuntimeError(f"bench: the state holds {state_rows} rows, not {rows}")
+        batch_ms = sum(p.get("triggerExecution", 0) for p in progress if p.get("rows"))
+        rows_per_s = rows / spark_s
+        raw_rows_per_s = rows / raw_s
+        out.update(
+            records=records,
+            rows_per_s=round(rows_per_s),
+            raw_rows_per_s=round(raw_rows_per_s),
+            vs_raw=ratio(rows_per_s, raw_rows_per_s),
+            batch_rows_per_s=round(rows * 1000 / batch_ms) if batch_ms else None,
+            spark_s=round(spark_s, 3),
+            raw_s=round(raw_s, 3),
+            batches=sum(1 for p in progress if p.get("rows")),
+            watermark=watermark(work / "run", f"{DB}.{table}"),
+        )
+        if samples:
+            _log(f"latency: {samples} samples, 1 s trigger")
+            lat = _latency(spark, cfg, producer, work, samples)
+            out["latency_p50_ms"] = round(percentile(lat, 50) * 1000, 1)
+            out["latency_max_ms"] = round(max(lat) * 1000, 1)
+            out["latency_samples"] = len(lat)
+            out["trigger"] = "1s"
+    finally:
+        producer.flush(10)
+        shutil.rmtree(work, ignore_errors=True)
+    return out
+
+
+def run(args: Any, cfg: KwalConfig) -> int:
+    """`kwal bench spark [--rows N] [--rows-per-txn K] [--latency-samples S]`."""
+    rows = int(getattr(args, "rows", 0) or 200_000)
+    rows_per_txn = int(getattr(args, "rows_per_txn", 0) or 10)
+    samples = getattr(args, "latency_samples", None)
+    samples = 8 if samples is None else int(samples)
+    from consumers.spark.job import build_session
+
+    with bench_kafka(cfg, "spark") as (cfg, where):
+        spark = build_session("kwal-bench-spark")
+        spark.sparkContext.setLogLevel("ERROR")
+        try:
+            result = bench(spark, cfg, rows, rows_per_txn, samples)
+            result["broker"] = where
+        finally:
+            spark.stop()
+    emit(result)
+    return 0
+
+
+if __name__ == "__main__":
+    import argparse
+
+    ap = argparse.ArgumentParser(description="kwal bench spark")
+    ap.add_argument("--bootstrap", default="")
+    ap.add_argument("--rows", type=int, default=200_000)
+    ap.add_argument("--rows-per-txn", type=int, default=10)
+    ap.add_argument("--latency-samples", type=int, default=8)
+    a = ap.parse_args()
+    c = KwalConfig.load()
+    if a.bootstrap:
+        c = c.with_bootstrap(a.bootstrap)
+    raise SystemExit(run(a, c))
