@@ -2,9 +2,11 @@
 
 1. commit-to-visible: an engine (memory WAL, so the figure is the logtail's
    own cost) with the logtail attached commits 1-row transactions at a target
-   rate (1k/s, then 10k/s: the achieved rate is reported); a CN follows the
-   table and records, for each commit, when its watermark first covered the
-   commit ts. Latency = that moment - the moment the commit completed.
+   rate (1k/s, then 10k/s: the achieved rate is reported); a CN, in its own
+   process as a CN is its own node (`python -m infra.bench.logtail --cn`),
+   follows the table and prints each watermark advance with the system-wide
+   monotonic clock. Latency = the first moment the CN's watermark covered a
+   commit's ts - the moment that commit completed on the TN.
 2. apply rate: the same table's topic is read from the start by a fresh CN
    (decode + apply) and by a raw confluent-kafka consumer (no decode), in the
    same run; `apply_vs_raw` = CN rows/s / raw rows/s (raw counts the rows
@@ -14,8 +16,14 @@
 from __future__ import annotations
 
 import bisect
+import os
+import signal
+import subprocess
+import sys
 import threading
 import time
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from confluent_kafka import Consumer, TopicPartition
@@ -31,6 +39,7 @@ from tn.logstore.memory_backend import MemoryDriver
 from tn.logtail.wiring import attach_logtail
 
 ROWS_PER_TXN_APPLY = 100
+REPO = Path(__file__).resolve().parents[2]
 
 
 class _Visibility:
@@ -43,21 +52,82 @@ class _Visibility:
         self.latencies_ms: list[float] = []
 
     def committed(self, ts: int) -> None:
-        now = time.perf_counter()
+        now = time.monotonic()
         with self.lock:
             i = bisect.bisect(self.pending_ts, ts)
             self.pending_ts.insert(i, ts)
             self.pending_t.insert(i, now)
 
-    def watermark(self, mark: int) -> None:
-        now = time.perf_counter()
+    def watermark(self, mark: int, now: float) -> None:
         with self.lock:
             n = bisect.bisect_right(self.pending_ts, mark)
             self.latencies_ms.extend((now - t) * 1000 for t in self.pending_t[:n])
             del self.pending_ts[:n], self.pending_t[:n]
 
 
-def _latency_phase(engine: Engine, cn: CN, rate: int, seconds: float, first_id: int) -> dict[str, float]:
+class _RemoteCN:
+    """The CN process of the latency phase: its watermark advances arrive as
+    "<monotonic s> <watermark>" lines on its stdout, read by a thread here."""
+
+    def __init__(self, cfg: KwalConfig, table: str) -> None:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("KWAL_")}
+        env.update(cfg.to_env(), PYTHONPATH=str(REPO), KWAL_CONFIG=os.devnull)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "infra.bench.logtail", "--cn", table],
+            cwd=REPO, env=env, stdout=subprocess.PIPE, text=True,
+        )
+        self.on_watermark: Callable[[int, float], None] | None = None
+        self.mark = 0
+        self._ready = threading.Event()
+        threading.Thread(target=self._read, daemon=True).start()
+        if not self._ready.wait(60):
+            self.close()
+            raise RuntimeError("the bench CN process did not start within 60 s")
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            when, _, mark = line.partition(" ")
+            self.mark = int(mark)
+            self._ready.set()
+            if self.on_watermark is not None:
+                self.on_watermark(self.mark, float(when))
+
+    def wait_for(self, ts: int, timeout_s: float) -> bool:
+        deadline = time.monotonic() + timeout_s
+        while self.mark < ts and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return self.mark >= ts
+
+    def close(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(10)
+
+
+def _cn_main(table: str) -> None:
+    """The CN process: follow `table`, print every watermark advance (and one line at start)."""
+    cn = CN(KwalConfig.load(), [table])
+    last = [-1]
+
+    def report(mark: int) -> None:
+        if mark != last[0]:
+            last[0] = mark
+            print(f"{time.monotonic():.6f} {mark}", flush=True)
+
+    cn.on_watermark = report
+    cn.start()
+    report(0)
+    signal.sigwait({signal.SIGTERM, signal.SIGINT})
+    cn.close()
+
+
+def _latency_phase(
+    engine: Engine, cn: _RemoteCN, rate: int, seconds: float, first_id: int
+) -> dict[str, float]:
     vis = _Visibility()
     cn.on_watermark = vis.watermark
     interval = 1.0 / rate
@@ -150,7 +220,7 @@ def run(args: Any, cfg: KwalConfig) -> int:
             t.create_table("bench", "t", [("id", "int64"), ("v", "string")], "id")
             t.create_table("bench", "bulk", [("id", "int64"), ("v", "string")], "id")
             t.commit().result(30)
-            cn = CN(cfg, ["bench.t"]).start()
+            cn = _RemoteCN(cfg, "bench.t")
             cn.wait_for(engine.visible_ts, timeout_s=30)
             try:
                 for rate, key in ((1000, "1k"), (10000, "10k")):
@@ -166,3 +236,10 @@ def run(args: Any, cfg: KwalConfig) -> int:
             engine.close()
     emit(out)
     return 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "--cn":
+        _cn_main(sys.argv[2])
+    else:
+        sys.exit("usage: python -m infra.bench.logtail --cn db.table (the bench's CN process)")

@@ -1,10 +1,10 @@
 """`kwal bench wal --backend file`: FileDriver group commit against a plain
 write+sync loop.
 
-One JSON line (`infra.bench.report.emit`). For 1, 8 and 64 concurrent appender
-threads of 200-byte entries, each thread appends one entry through `LogStore`
-on one `FileDriver` and waits for its future (like a transaction), then the
-next:
+One JSON line (`infra.bench.report.emit`). For 1, 8 and 64 concurrent
+appenders of 200-byte entries (`infra.bench.appenders`: each appender has one
+entry in flight through `LogStore` on one `FileDriver` and issues the next when
+its future completes, like a transaction):
 
 - `group_<n>_eps` entries/s, `group_<n>_mbps` MB/s of payload,
   `group_<n>_fsyncs_per_s`, `group_<n>_entries_per_fsync`,
@@ -29,12 +29,12 @@ from __future__ import annotations
 import argparse
 import os
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
-from infra.bench.report import emit, percentile, ratio
+from infra.bench.appenders import drive
+from infra.bench.report import emit, ratio
 from tn.logstore.driver import LogStore
 from tn.logstore.file_backend import FileDriver
 from tn.logstore.file_backend.format import BLOCK_SIZE, encode_entry
@@ -49,7 +49,7 @@ PHASE_CAP_S = 8.0
 _MB = 1e6
 
 
-def _group_phase(directory: Path, threads: int, entries: int, cfg: Any) -> dict[str, float]:
+def _group_phase(directory: Path, appenders: int, entries: int, cfg: Any) -> dict[str, float]:
     wal = getattr(cfg, "wal", None)
     driver = FileDriver(
         directory,
@@ -59,43 +59,20 @@ def _group_phase(directory: Path, threads: int, entries: int, cfg: Any) -> dict[
     )
     store = LogStore(driver)
     entry = bytes(ENTRY_BYTES)
-    per_thread = max(1, entries // threads)
-    lat: list[list[float]] = [[] for _ in range(threads)]
-    start = threading.Barrier(threads + 1)
-    stop_at = 0.0
-
-    def worker(i: int) -> None:
-        mine = lat[i]
-        start.wait()
-        for _ in range(per_thread):
-            t0 = time.perf_counter()
-            store.append(entry).result()
-            t1 = time.perf_counter()
-            mine.append(t1 - t0)
-            if t1 > stop_at:
-                return
-
-    pool = [threading.Thread(target=worker, args=(i,), daemon=True) for i in range(threads)]
-    for t in pool:
-        t.start()
     fsyncs0 = driver.fsyncs
-    stop_at = time.perf_counter() + PHASE_CAP_S
     t0 = time.perf_counter()
-    start.wait()
-    for t in pool:
-        t.join()
+    figures = drive(appenders, entries, PHASE_CAP_S, lambda: store.append(entry))
     elapsed = time.perf_counter() - t0
     fsyncs = driver.fsyncs - fsyncs0
     driver.close()
-    samples = [x for xs in lat for x in xs]
-    n = len(samples)
+    n = int(figures["n"])
     return {
-        "eps": round(n / elapsed, 1),
-        "mbps": round(n * ENTRY_BYTES / elapsed / _MB, 3),
+        "eps": figures["eps"],
+        "mbps": round(figures["eps"] * ENTRY_BYTES / _MB, 3),
         "fsyncs_per_s": round(fsyncs / elapsed, 1),
         "entries_per_fsync": round(n / fsyncs, 2) if fsyncs else 0.0,
-        "p50_ms": round(percentile(samples, 50) * 1000, 3),
-        "p99_ms": round(percentile(samples, 99) * 1000, 3),
+        "p50_ms": figures["p50_ms"],
+        "p99_ms": figures["p99_ms"],
         "entries": n,
     }
 
@@ -142,11 +119,9 @@ def run(args: argparse.Namespace, cfg: Any) -> int:
     result: dict[str, Any] = {"bench": "wal", "backend": "file", "entry_bytes": ENTRY_BYTES}
     with tempfile.TemporaryDirectory(prefix="kwal-bench-wal-") as tmp:
         root = Path(tmp)
-        for threads in CONCURRENCY:
-            phase = _group_phase(
-                root / f"group{threads}", threads, requested or DEFAULT_ENTRIES[threads], cfg
-            )
-            result.update({f"group_{threads}_{k}": v for k, v in phase.items()})
+        for n in CONCURRENCY:
+            phase = _group_phase(root / f"group{n}", n, requested or DEFAULT_ENTRIES[n], cfg)
+            result.update({f"group_{n}_{k}": v for k, v in phase.items()})
         plain_entries = requested or PLAIN_DEFAULT_ENTRIES
         for name, prealloc in (("plain", False), ("plain_prealloc", True)):
             phase = _plain_phase(root / name, plain_entries, prealloc)

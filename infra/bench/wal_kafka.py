@@ -1,13 +1,14 @@
 """`kwal bench wal --backend kafka`: the Kafka WAL driver against raw confluent-kafka.
 
-One JSON line (`infra.bench.report.emit`). For 1, 8 and 64 concurrent appender
-threads of 200-byte entries, each thread appends one entry and waits for its
-acknowledgement, then the next:
+One JSON line (`infra.bench.report.emit`). For 1, 8 and 64 concurrent
+appenders of 200-byte entries (`infra.bench.appenders`: each has one entry in
+flight and issues the next when it is acknowledged; both sides use the same
+harness):
 
 - `driver_<n>_*`: through `LogStore` on one `KafkaDriver` (group commit,
   acknowledgements in LSN order);
 - `raw_<n>_*`: one message per entry on one raw producer with the same
-  settings (acks=all, idempotent, linger.ms=0), each thread waiting for its
+  settings (acks=all, idempotent, linger.ms=0), each appender waiting for its
   own delivery report, in the same run on the same broker.
 
 Figures: `*_eps` entries/s, `*_p50_ms` / `*_p99_ms` append latency. Ratios:
@@ -28,15 +29,15 @@ import argparse
 import dataclasses
 import logging
 import threading
-import time
-from collections.abc import Callable
+from concurrent.futures import Future
 from typing import Any
 
 from confluent_kafka import KafkaError, Message, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from infra.bench.appenders import drive
 from infra.bench.kafka import bench_kafka
-from infra.bench.report import emit, percentile, ratio
+from infra.bench.report import emit, ratio
 from infra.config import KwalConfig
 
 ENTRY_BYTES = 200
@@ -44,42 +45,6 @@ CONCURRENCY = (1, 8, 64)
 DEFAULT_ENTRIES = {1: 3000, 8: 12000, 64: 40000}
 PHASE_CAP_S = 5.0
 ROUNDS = 2  # each side's best of two interleaved runs is reported
-
-
-def _phase(
-    threads: int, per_thread: int, cap_s: float, append_wait: Callable[[], None]
-) -> dict[str, float]:
-    """Run `threads` appenders, each doing append-and-wait up to `per_thread` times or `cap_s`."""
-    lat: list[list[float]] = [[] for _ in range(threads)]
-    stop_at = time.perf_counter() + cap_s
-    start = threading.Barrier(threads + 1)
-
-    def worker(i: int) -> None:
-        mine = lat[i]
-        start.wait()
-        for _ in range(per_thread):
-            t0 = time.perf_counter()
-            append_wait()
-            t1 = time.perf_counter()
-            mine.append(t1 - t0)
-            if t1 > stop_at:
-                break
-
-    ts = [threading.Thread(target=worker, args=(i,), daemon=True) for i in range(threads)]
-    for t in ts:
-        t.start()
-    start.wait()
-    t0 = time.perf_counter()
-    for t in ts:
-        t.join()
-    elapsed = time.perf_counter() - t0
-    samples = [x for row in lat for x in row]
-    return {
-        "eps": round(len(samples) / elapsed, 1) if elapsed else 0.0,
-        "p50_ms": round(percentile(samples, 50) * 1000, 3),
-        "p99_ms": round(percentile(samples, 99) * 1000, 3),
-        "n": len(samples),
-    }
 
 
 class _Raw:
@@ -99,18 +64,18 @@ class _Raw:
         while not self._stop.is_set():
             self.producer.poll(0.02)
 
-    def append_wait(self) -> None:
-        done = threading.Event()
-        errors: list[KafkaError] = []
+    def append(self) -> Future[None]:
+        """One message; the future completes from its delivery report."""
+        done: Future[None] = Future()
 
         def cb(err: KafkaError | None, _msg: Message) -> None:
             if err is not None:
-                errors.append(err)
-            done.set()
+                done.set_exception(RuntimeError(f"raw produce failed: {err}"))
+            else:
+                done.set_result(None)
 
         self.producer.produce(self.topic, value=self.payload, on_delivery=cb)
-        if not done.wait(30) or errors:
-            raise RuntimeError(f"raw produce failed: {errors or 'timeout'}")
+        return done
 
     def close(self) -> None:
         self._stop.set()
@@ -135,8 +100,8 @@ def run(args: argparse.Namespace, cfg: KwalConfig) -> int:
         store = LogStore(driver)
         entry = b"d" * ENTRY_BYTES
 
-        def driver_append_wait() -> None:
-            store.append(entry).result(30)
+        def driver_append() -> Future[int]:
+            return store.append(entry)
 
         result: dict[str, Any] = {
             "bench": "wal",
@@ -147,15 +112,14 @@ def run(args: argparse.Namespace, cfg: KwalConfig) -> int:
             "wal_partitions": len(driver.partitions),
         }
         try:
-            _phase(4, 50, 10, raw.append_wait)  # warm-up: first idempotent acks are slow
-            _phase(4, 50, 10, driver_append_wait)
+            drive(4, 200, 10, raw.append)  # warm-up: first idempotent acks are slow
+            drive(4, 200, 10, driver_append)
             for n in CONCURRENCY:
                 total = getattr(args, "entries", 0) or DEFAULT_ENTRIES[n]
-                per_thread = max(1, total // n)
                 best: dict[str, dict[str, float]] = {}
                 for _ in range(ROUNDS):  # interleaved, so drift in the machine hits both
-                    for name, fn in (("raw", raw.append_wait), ("driver", driver_append_wait)):
-                        got = _phase(n, per_thread, PHASE_CAP_S, fn)
+                    for name, fn in (("raw", raw.append), ("driver", driver_append)):
+                        got = drive(n, total, PHASE_CAP_S, fn)
                         if name not in best or got["eps"] > best[name]["eps"]:
                             best[name] = got
                 for name, figures in best.items():

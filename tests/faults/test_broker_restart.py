@@ -39,6 +39,8 @@ def test_broker_restart_under_load_loses_no_acknowledged_commit(
     cfg.topics.prefix = unique("kwal-")
     cfg.wal.backend = "kafka"
     cfg.wal.dir = str(tmp_path / "wal")
+    # this run's own checkpoint store: the default folder may hold another WAL's checkpoints
+    cfg.objectstore.url = f"file://{tmp_path / 'objects'}"
     ensure_topics(cfg)
     tn = TnProcess(cfg, tmp_path)
     tn.start(timeout_s=120)

@@ -38,13 +38,15 @@ HOT_KEYS = 4
 
 
 def recover_engine(cfg: KwalConfig) -> tuple[Any, Any]:
-    """Engine.recover on the TN's log, in this process (the TN must be dead)."""
-    from tn.engine import Engine
+    """Recover the TN's state in this process as the TN does (the TN must be dead): its
+    newest checkpoint (the TN may have taken one in the background), then the WAL."""
+    from infra.objectstore import open_store
+    from tn.checkpoint.recovery import recover
     from tn.logstore.driver import LogStore
     from tn.service.main import open_driver
 
     log = LogStore(open_driver(cfg))
-    return Engine.recover(log), log
+    return recover(log, open_store(cfg.objectstore)).engine, log
 
 
 @dataclass

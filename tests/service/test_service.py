@@ -290,3 +290,37 @@ def test_duplicate_request_id_runs_once(
     assert all(r.committed and r.commit_ts == first[0].commit_ts for r in results)
     assert not [r for _, r in raw_results(kwal_config, want=5) if r.reason == "internal"]
     assert sorted(rows_of(tn)) == [42, 43]
+
+
+def test_copies_arriving_while_the_first_commits_each_get_an_answer(
+    kwal_config: KwalConfig, client_factory: Any
+) -> None:
+    """Copies of one request id consumed while the first copy is still committing
+    (a slow log: 300 ms per append) are not executed again, and each copy gets
+    its own answer: the first copy's result, naming the copy's request offset."""
+    from infra.topics import ensure_topics
+    from tests.service.conftest import SlowDriver
+    from tn.engine import Engine
+    from tn.logstore.driver import LogStore
+
+    ensure_topics(kwal_config)
+    engine = Engine(LogStore(SlowDriver(delay_s=0.3)))
+    running = RunningTn(kwal_config, engine)
+    try:
+        setup_table(client_factory())
+        rid = uuid.uuid4().hex
+        req = TxnRequest(
+            rid, "dup", (TxnOp(OpKind.INSERT, "shop", "items", rows=pa.table({"id": [7]})),)
+        )
+        p = Producer(kwal_config.kafka_client())
+        for _ in range(3):  # one flush: the TN consumes all three in one batch
+            p.produce(kwal_config.topics.requests, key=b"dup", value=encode_request(req))
+        p.flush(10)
+        results = [r for _, r in raw_results(kwal_config, want=5) if r.request_id == rid]
+        assert len(results) == 3
+        assert len({r.commit_ts for r in results}) == 1 and results[0].committed
+        assert len({r.request_offset for r in results}) == 3
+        assert sorted(rows_of(running)) == [7]
+    finally:
+        running.service.stop(drain_timeout_s=5)
+        engine.close()

@@ -34,8 +34,9 @@ On start (after ``Engine.recover``) the TN reads both tables, then reads the
 results topic from R to its end to learn which requests at or above C already
 got an answer, and resumes consuming at C. For each request from C on:
 
-1. a result for it is on the results topic -> skip (the client has its answer;
-   an aborted request is never re-executed, so it can never commit later);
+1. a result for this record (its request offset) is on the results topic -> skip;
+   a result for another copy of its id -> publish that result again for this
+   copy (an aborted request is never re-executed, so it can never commit later);
 2. its id is in ``kwal_system.requests`` -> committed before the crash but
    unanswered: publish ``committed`` again, with the commit ts found by a
    binary search over snapshot reads;
@@ -44,8 +45,9 @@ got an answer, and resumes consuming at C. For each request from C on:
 Guarantees: a request's writes are applied at most once, also when a client
 re-sends the same request id, as long as the first copy is among the last
 `dedup_window` requests (or the last `recent_results` answered by this
-process); the repeat gets the first one's result again. Every request
-consumed gets at least one result; a client can receive a result twice
+process); the repeat gets the first one's result again (a copy that arrives
+while the first is still committing waits for it and gets its result). Every
+request record consumed gets at least one result; a client can receive a result twice
 (clients take the first and ignore the rest). A duplicate id arriving later
 than that horizon is executed again.
 
@@ -167,7 +169,10 @@ class TnService:
         self.dedup_window = dedup_window
         self.group_max = group_max
         self._retries: queue.SimpleQueue[_Member] = queue.SimpleQueue()
-        self._answered_before: set[str] = set()  # from the results topic at start
+        # request offsets that already have a result on the results topic (read at start)
+        self._answered_offsets: set[int] = set()
+        # request id -> offsets of later copies waiting for the first copy's answer
+        self._waiters: dict[str, list[int]] = {}
         self._committed_before: dict[str, int] = {}  # id -> req offset, from the table
         self._progress_written = (-1, -1)
         self._progress_inflight: Future[int] | None = None
@@ -273,7 +278,7 @@ class TnService:
             "TN recovered: resume requests at %s; %d committed ids in window; %d answered",
             c,
             len(self._committed_before),
-            len(self._answered_before),
+            len(self._answered_offsets),
         )
         return c if c >= 0 else OFFSET_BEGINNING
 
@@ -312,7 +317,7 @@ class TnService:
                     except CodecError:
                         continue
                     if res.request_offset >= min_request_offset:
-                        self._answered_before.add(res.request_id)
+                        self._answered_offsets.add(res.request_offset)
                         self._remember(res)
                 if got:
                     idle_since = time.monotonic()
@@ -456,18 +461,24 @@ class TnService:
             return None
         rid = req.request_id
         with self._lock:
+            answered = offset in self._answered_offsets
             known = self._recent.get(rid)
             inflight = rid in self._inflight_ids
-            if not inflight and known is None and rid not in self._answered_before:
+            if answered or known is not None:
+                pass
+            elif inflight:
+                # another copy of this id is running: this copy is answered with
+                # its result when that one is delivered (`_delivered`)
+                self._waiters.setdefault(rid, []).append(offset)
+            else:
                 self._inflight_ids.add(rid)
-        if rid in self._answered_before:
-            self._resolve(offset)  # answered before the restart
+        if answered:
+            self._resolve(offset)  # this very record was answered before the restart
             return None
-        if known is not None:  # answered (or being answered): answer again
-            self._publish(known, rid.encode(), offset)
+        if known is not None:  # an earlier copy was answered: the same answer again
+            self._republish(known, offset)
             return None
         if inflight:
-            self._resolve(offset)  # its answer is coming
             return None
         if rid in self._committed_before:
             ts = self._find_commit_ts(rid)
@@ -653,12 +664,21 @@ class TnService:
     def _delivered(self, res: TxnResult, req_offset: int, result_offset: int) -> None:
         with self._lock:
             self._inflight_ids.discard(res.request_id)
+            waiting = self._waiters.pop(res.request_id, [])
             if result_offset >= 0:
                 self._delivered_above[req_offset] = min(
                     result_offset, self._delivered_above.get(req_offset, result_offset)
                 )
                 self._last_result_offset = max(self._last_result_offset, result_offset)
             self._resolve_locked(req_offset)
+        for offset in waiting:
+            self._republish(res, offset)
+
+    def _republish(self, res: TxnResult, offset: int) -> None:
+        """Answer another copy of an already answered request id (not counted in metrics:
+        it is the same transaction). The result names the copy's own request offset, so a
+        restart's results scan knows exactly which records were answered."""
+        self._out.put((_with(res, request_offset=offset), res.request_id.encode(), offset))
 
     def _remember(self, res: TxnResult) -> None:
         with self._lock:
