@@ -18,10 +18,26 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from infra.config import KwalConfig
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 class ServerStartError(RuntimeError):
     """A background server did not become ready; the message carries its log's tail."""
+
+
+def child_env(cfg: KwalConfig, keep: Sequence[str] = ()) -> dict[str, str]:
+    """The environment of a kwal child process (`python -m ...` from this checkout) that
+    must run with exactly `cfg`: the parent's environment without its `KWAL_*` settings
+    (but the names in `keep`), `cfg` as `KWAL_*` variables, no config file, and this
+    checkout importable."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KWAL_") or k in keep}
+    env.update(cfg.to_env(), KWAL_CONFIG=os.devnull, PYTHONPATH=str(REPO))
+    return env
 
 
 def free_port(host: str = "127.0.0.1") -> int:

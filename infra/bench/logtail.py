@@ -16,14 +16,12 @@
 from __future__ import annotations
 
 import bisect
-import os
 import signal
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from confluent_kafka import Consumer, TopicPartition
@@ -32,6 +30,7 @@ from consumers.core.cn import CN
 from infra.bench.kafka import bench_kafka
 from infra.bench.report import emit, percentile, ratio
 from infra.config import KwalConfig
+from infra.processes import REPO, child_env
 from infra.topics import ensure_topics
 from tn.engine import Engine
 from tn.logstore.driver import LogStore
@@ -39,7 +38,6 @@ from tn.logstore.memory_backend import MemoryDriver
 from tn.logtail.wiring import attach_logtail
 
 ROWS_PER_TXN_APPLY = 100
-REPO = Path(__file__).resolve().parents[2]
 
 
 class _Visibility:
@@ -70,11 +68,9 @@ class _RemoteCN:
     "<monotonic s> <watermark>" lines on its stdout, read by a thread here."""
 
     def __init__(self, cfg: KwalConfig, table: str) -> None:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("KWAL_")}
-        env.update(cfg.to_env(), PYTHONPATH=str(REPO), KWAL_CONFIG=os.devnull)
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "infra.bench.logtail", "--cn", table],
-            cwd=REPO, env=env, stdout=subprocess.PIPE, text=True,
+            cwd=REPO, env=child_env(cfg), stdout=subprocess.PIPE, text=True,
         )
         self.on_watermark: Callable[[int, float], None] | None = None
         self.mark = 0

@@ -12,6 +12,7 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from infra.config import KwalConfig
+from infra.topics import ensure_topics
 from producers import Client, CommitResult, ConflictError, ValidationError
 from schemas.requests import (
     OpKind,
@@ -21,7 +22,9 @@ from schemas.requests import (
     decode_result,
     encode_request,
 )
-from tests.service.conftest import RunningTn
+from tests.service.conftest import RunningTn, SlowDriver
+from tn.engine import Engine
+from tn.logstore.driver import LogStore
 
 T = "shop.items"
 
@@ -298,11 +301,6 @@ def test_copies_arriving_while_the_first_commits_each_get_an_answer(
     """Copies of one request id consumed while the first copy is still committing
     (a slow log: 300 ms per append) are not executed again, and each copy gets
     its own answer: the first copy's result, naming the copy's request offset."""
-    from infra.topics import ensure_topics
-    from tests.service.conftest import SlowDriver
-    from tn.engine import Engine
-    from tn.logstore.driver import LogStore
-
     ensure_topics(kwal_config)
     engine = Engine(LogStore(SlowDriver(delay_s=0.3)))
     running = RunningTn(kwal_config, engine)

@@ -3,7 +3,6 @@ and the commit benchmark: start (waits for its ready line), SIGKILL, SIGTERM."""
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -11,8 +10,8 @@ import time
 from pathlib import Path
 
 from infra.config import KwalConfig
+from infra.processes import REPO, child_env
 
-REPO = Path(__file__).resolve().parents[2]
 PASS_ENV = ("KWAL_FETCH_WAIT_MS",)  # tuning knobs that are not config settings
 
 
@@ -26,15 +25,8 @@ class TnProcess:
         self.starts = 0
 
     def env(self) -> dict[str, str]:
-        empty = self.workdir / "empty.toml"
-        empty.write_text("")
-        env = {k: v for k, v in os.environ.items() if not k.startswith("KWAL_") or k in PASS_ENV}
-        env.update(self.cfg.to_env())
-        env.update(
-            KWAL_CONFIG=str(empty),
-            KWAL_WAL_DIR=str(Path(self.cfg.wal.dir).resolve()),
-            PYTHONPATH=str(REPO),
-        )
+        env = child_env(self.cfg, keep=PASS_ENV)
+        env["KWAL_WAL_DIR"] = str(Path(self.cfg.wal.dir).resolve())
         return env
 
     def start(self, timeout_s: float = 60.0) -> None:

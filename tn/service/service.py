@@ -464,14 +464,13 @@ class TnService:
             answered = offset in self._answered_offsets
             known = self._recent.get(rid)
             inflight = rid in self._inflight_ids
-            if answered or known is not None:
-                pass
-            elif inflight:
-                # another copy of this id is running: this copy is answered with
-                # its result when that one is delivered (`_delivered`)
-                self._waiters.setdefault(rid, []).append(offset)
-            else:
-                self._inflight_ids.add(rid)
+            if not answered and known is None:
+                if inflight:
+                    # another copy of this id is running: this copy is answered with
+                    # its result when that one is delivered (`_delivered`)
+                    self._waiters.setdefault(rid, []).append(offset)
+                else:
+                    self._inflight_ids.add(rid)
         if answered:
             self._resolve(offset)  # this very record was answered before the restart
             return None
