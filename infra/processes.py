@@ -136,7 +136,9 @@ def start_server(
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
-            env={**os.environ, **(env or {})},
+            # unbuffered: a Python server's lines reach the log as written, so the log tail
+            # a failed start reports holds its last words (not lost in a pipe buffer)
+            env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
             start_new_session=True,
         )
     server = ServerProcess(name, popen.pid, address, log_path, popen)
