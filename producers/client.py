@@ -26,7 +26,7 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
@@ -295,7 +295,7 @@ class Client:
         router = self._router
         rid = req.request_id
 
-        def delivered(err: Any, _msg: Any) -> None:
+        def delivered(err: Any, msg: Any) -> None:
             if err is not None:
                 router.fail(
                     rid,
@@ -303,19 +303,27 @@ class Client:
                         f"request not delivered: {err}", code="delivery_failed", request_id=rid
                     ),
                 )
+            elif msg.offset() is None:
+                # A duplicate-sequence answer does not prove the request was written (the
+                # embedded broker gives it for records it lost in a restart). Send it again:
+                # the TN runs a request id once and answers every copy with the same result.
+                self._produce_request(payload, delivered)
 
+        self._produce_request(payload, delivered)
+        return fut
+
+    def _produce_request(self, payload: bytes, on_delivery: Callable[[Any, Any], None]) -> None:
         while True:
             try:
                 self._producer.produce(
                     self.cfg.topics.requests,
                     value=payload,
                     key=self.client_id,
-                    on_delivery=delivered,
+                    on_delivery=on_delivery,
                 )
-                break
+                return
             except BufferError:
                 time.sleep(0.005)
-        return fut
 
     def _forget(self, request_id: str) -> None:
         self._router.forget(request_id)

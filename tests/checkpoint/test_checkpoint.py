@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -18,7 +19,7 @@ from tests.checkpoint.helpers import (
     shutdown,
     update,
 )
-from tn.checkpoint.exceptions import InjectedCrash
+from tn.checkpoint.exceptions import CheckpointError, InjectedCrash
 from tn.checkpoint.manifest import list_manifests
 from tn.checkpoint.recovery import Recovered, recover
 from tn.checkpoint.runner import STEPS, CheckpointRunner
@@ -130,3 +131,29 @@ def test_plain_replay_refuses_a_truncated_wal(tmp_path: Path):
     with pytest.raises(ValueError, match="truncated"):
         Engine.recover(log)
     log.close()
+
+
+def test_recovery_refuses_another_wals_checkpoint(tmp_path: Path) -> None:
+    """One object store, two WALs: the second WAL's TN must not load the first one's tables
+    (a shared default store once made a TN resume another WAL's state silently)."""
+    store = FolderStore(tmp_path / "objects")
+    eng = Engine(open_log(tmp_path / "wal-a"))
+    create(eng)
+    insert(eng, 0, 10)
+    m = CheckpointRunner(eng, store).checkpoint()
+    assert m is not None and m.wal == f"file:{(tmp_path / 'wal-a').resolve()}"
+    shutdown(eng)
+    log = open_log(tmp_path / "wal-b")
+    with pytest.raises(CheckpointError, match="wal-a.*not of this WAL.*wal-b"):
+        recover(log, store)
+    log.close()
+    # a manifest that names no WAL (written before manifests did): the LSN still tells
+    store.put(m.key, dataclasses.replace(m, wal="").encode())
+    log = open_log(tmp_path / "wal-c")
+    with pytest.raises(CheckpointError, match=f"through LSN {m.lsn}, but this WAL ends at LSN 0"):
+        recover(log, store)
+    log.close()
+    # its own WAL still recovers from that checkpoint
+    rec = restart(tmp_path / "wal-a", store)
+    assert sorted(rec.engine.read("db", "t").column("id").to_pylist()) == list(range(10))
+    shutdown(rec.engine)

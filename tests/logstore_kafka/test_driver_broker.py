@@ -6,6 +6,7 @@ import threading
 import time
 from concurrent.futures import Future
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -19,6 +20,7 @@ from tn.logstore.kafka_backend import (
     RetentionUnsafeError,
     WindowTimeoutError,
 )
+from tn.logstore.kafka_backend.writer import GroupWriter
 
 
 def _all(driver: KafkaDriver) -> dict[int, bytes]:
@@ -372,3 +374,51 @@ def test_truncate_asks_delete_records_only_for_the_safe_prefix(wal_config: KwalC
         d._admin = real_admin
     finally:
         d.close()
+
+
+class _NoOffset:
+    """A delivery report as librdkafka gives it after a DUPLICATE_SEQUENCE_NUMBER answer:
+    success, no offset."""
+
+    def __init__(self, msg: Any) -> None:
+        self._msg = msg
+
+    def offset(self) -> None:
+        return None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._msg, name)
+
+
+def test_delivery_without_offset_is_issued_again_before_acknowledging(
+    wal_config: KwalConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The embedded broker, restarted, answered "duplicate sequence" for a record it had not
+    kept (the broker-restart fault test lost LSN 54 so). Such a report must not acknowledge:
+    the entries are issued again and acknowledged by the new record's delivery."""
+    real = GroupWriter._delivered
+    hidden: list[int] = []
+
+    def delivered(self: GroupWriter, err: Any, msg: Any, issue: Any, size: int) -> None:
+        if err is None and issue[0] == 2 and not hidden:  # the first record holding LSN 2
+            hidden.append(int(msg.offset()))
+            msg = _NoOffset(msg)
+        real(self, err, msg, issue, size)
+
+    monkeypatch.setattr(GroupWriter, "_delivered", delivered)
+    d = KafkaDriver(wal_config, delete_records=False)
+    try:
+        store = LogStore(d)
+        assert [store.append(b"e%d" % i).result(10) for i in range(1, 4)] == [1, 2, 3]
+        assert d._writer.reissued == 1 and len(hidden) == 1
+        # the map names the copy, never the unproven record
+        seg = d._segment_for(2)
+        assert seg is not None and seg.offset != hidden[0]
+        assert d.read(2, 1 << 20)[0][0].payload == b"e2"  # read back at the copy's offset
+    finally:
+        d.close()
+    d2 = KafkaDriver(wal_config, delete_records=False)
+    try:
+        assert _all(d2) == {1: b"e1", 2: b"e2", 3: b"e3"}  # the two copies of LSN 2 are one
+    finally:
+        d2.close()

@@ -83,6 +83,7 @@ class Manifest:
     written: list[str] = field(default_factory=list)  # objects written by this checkpoint
     logtail_offsets: dict[str, int] = field(default_factory=dict)
     created_at: float = 0.0
+    wal: str = ""  # the identity of the log it covers (LogDriver.identity); "" = unknown
 
     @property
     def key(self) -> str:

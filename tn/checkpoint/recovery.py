@@ -74,11 +74,7 @@ def _recover(log: LogStore, store: ObjectStore, **engine_kw: Any) -> Recovered:
     engine.catalog.block_loader = BlockLoader(store)
     m = newest_manifest(store)
     if m is not None:
-        if log.truncated() > m.lsn:
-            raise CheckpointError(
-                f"the WAL is truncated at {log.truncated()}, beyond the newest checkpoint's "
-                f"LSN {m.lsn}: entries are missing"
-            )
+        check_manifest_fits(m, log)
         snap = CatalogSnapshot.decode(store.get(m.catalog))
         load_catalog(engine, snap, store)
     t1 = time.perf_counter()
@@ -99,6 +95,29 @@ def _recover(log: LogStore, store: ObjectStore, **engine_kw: Any) -> Recovered:
     engine.pipeline.visible_ts = max(engine.pipeline.visible_ts, last_ts)
     rec.replay_s = time.perf_counter() - t1
     return rec
+
+
+def check_manifest_fits(m: Manifest, log: LogStore) -> None:
+    """Refuse a checkpoint that is not of this log: recovering it would silently mix another
+    WAL's tables into this one, or skip entries this WAL never had."""
+    here = log.driver.identity()
+    if m.wal and here and m.wal != here:
+        raise CheckpointError(
+            f"the newest checkpoint in the object store ({m.key}) is of the WAL {m.wal!r}, "
+            f"not of this WAL {here!r}: give each WAL its own object store or prefix "
+            "([objectstore] url)"
+        )
+    if log.truncated() > m.lsn:
+        raise CheckpointError(
+            f"the WAL is truncated at {log.truncated()}, beyond the newest checkpoint's "
+            f"LSN {m.lsn}: entries are missing"
+        )
+    if log.driver.last_lsn() < m.lsn:
+        raise CheckpointError(
+            f"the newest checkpoint ({m.key}) covers the WAL through LSN {m.lsn}, but this WAL "
+            f"ends at LSN {log.driver.last_lsn()}: the checkpoint is of another WAL, or this "
+            "WAL lost entries"
+        )
 
 
 def load_catalog(engine: Engine, snap: CatalogSnapshot, store: ObjectStore) -> None:

@@ -246,7 +246,7 @@ class CheckpointRunner:
             for loc in (b.meta_loc, b.delta_loc):
                 if loc:
                     live[loc] = self._size(loc)
-        m = Manifest(t1, lsn, t0, ckey, live, written, {}, time.time())
+        m = Manifest(t1, lsn, t0, ckey, live, written, {}, time.time(), eng.log.driver.identity())
         store.put(m.key, m.encode())
         self._step("manifest")
         if self.publish is not None:

@@ -74,6 +74,11 @@ class LogDriver(ABC):
     def close(self) -> None:
         """Flush what is queued, complete or fail every future, release resources."""
 
+    def identity(self) -> str:
+        """Names this log (its folder, its topic), so that a checkpoint taken of it is never
+        recovered onto another log. Empty: the backend cannot tell (memory)."""
+        return ""
+
 
 class LogStore:
     """Assigns contiguous logical LSNs on top of a driver.

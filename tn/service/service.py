@@ -646,11 +646,15 @@ class TnService:
                 key: bytes | None = key,
                 offset: int = offset,
             ) -> None:
-                if err is not None:
-                    log.warning("result %s not delivered (%s); retrying", res.request_id, err)
+                result_offset = None if err is not None else msg.offset()
+                if result_offset is None:
+                    # a failure, or a duplicate-sequence answer, which does not prove the
+                    # result was written (the embedded broker loses such records in a restart)
+                    why = err or "acknowledged without an offset"
+                    log.warning("result %s not delivered (%s); retrying", res.request_id, why)
                     self._out.put((res, key, offset))
                     return
-                self._delivered(res, offset, msg.offset())
+                self._delivered(res, offset, result_offset)
 
             while True:
                 try:

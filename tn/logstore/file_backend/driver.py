@@ -345,6 +345,9 @@ class FileDriver(LogDriver):
         with self._lock:
             return self._last_lsn
 
+    def identity(self) -> str:
+        return f"file:{self._dir.resolve()}"
+
     def durable_lsn(self) -> int:
         with self._lock:
             return self._durable_lsn

@@ -318,6 +318,9 @@ class KafkaDriver(LogDriver):
         """The contiguous acknowledged LSN."""
         return self._writer.acked
 
+    def identity(self) -> str:
+        return f"kafka:{self.topic}"
+
     def truncated(self) -> int:
         return self._truncated
 

@@ -92,30 +92,38 @@ def produce_wait(
 ) -> tuple[int, int]:
     """Produce one record (acks per the producer) and wait for it; return (partition, offset).
 
-    The producer must be polled by a `Pump` (or this thread must not be the pump).
+    A delivery without an offset (a duplicate-sequence answer) proves nothing (see
+    `writer`), so the record is produced again until a delivery names its offset. The
+    producer must be polled by a `Pump` (or this thread must not be the pump).
     """
-    done: Future[tuple[int, int]] = Future()
-
-    def on_delivery(err: KafkaError | None, msg: Message) -> None:
-        if err is not None:
-            done.set_exception(AppendTimeoutError(f"produce to {topic} failed: {err}"))
-        else:
-            done.set_result((int(msg.partition() or 0), int(msg.offset() or 0)))
-
-    kwargs: dict[str, Any] = {"value": value, "on_delivery": on_delivery}
+    kwargs: dict[str, Any] = {"value": value}
     if key is not None:
         kwargs["key"] = key
     if headers:
         kwargs["headers"] = headers
     if partition is not None:
         kwargs["partition"] = partition
-    producer.produce(topic, **kwargs)
-    try:
-        return done.result(timeout=timeout_s)
-    except FutureTimeout as e:
-        raise AppendTimeoutError(
-            f"no acknowledgement for a record on {topic} within {timeout_s:.1f}s"
-        ) from e
+    deadline = time.monotonic() + timeout_s
+    while True:
+        done: Future[tuple[int, int | None]] = Future()
+
+        def on_delivery(
+            err: KafkaError | None, msg: Message, done: Future[tuple[int, int | None]] = done
+        ) -> None:
+            if err is not None:
+                done.set_exception(AppendTimeoutError(f"produce to {topic} failed: {err}"))
+            else:
+                done.set_result((int(msg.partition() or 0), msg.offset()))
+
+        producer.produce(topic, on_delivery=on_delivery, **kwargs)
+        try:
+            p, off = done.result(timeout=max(0.0, deadline - time.monotonic()))
+        except FutureTimeout as e:
+            raise AppendTimeoutError(
+                f"no acknowledgement for a record on {topic} within {timeout_s:.1f}s"
+            ) from e
+        if off is not None:
+            return p, off
 
 
 def reader_conf(base: Mapping[str, Any]) -> dict[str, Any]:

@@ -14,8 +14,13 @@
 Issuing a record: round-robin partition; headers carry epoch, first LSN, count
 and the window's contiguous acknowledged LSN at that moment.
 
-Delivery (on the pump thread): a durable record is noted in the map and the
-window; futures the window acknowledges are completed **in LSN order** by the
+Delivery (on the pump thread): a delivery report without an offset is not
+proof of durability. The broker answered DUPLICATE_SEQUENCE_NUMBER ("already
+written"), and the embedded broker gives that answer after a restart for a
+record it lost. The entries are issued again as a new record, on the same
+partition, and the new record's delivery acknowledges them. A copy of a
+record that was in fact written is harmless: replay keeps the first copy of
+each LSN. A durable record is noted in the map and the window; futures the window acknowledges are completed **in LSN order** by the
 pump (results only: done-callbacks always run on the writer's completion
 thread, so no user code runs on the pump or under the writer's lock). A failed delivery, or an entry unacknowledged for longer
 than `append_timeout_s` (the watchdog `tick`), fails the writer: every pending
@@ -45,6 +50,8 @@ from tn.logstore.kafka_backend.exceptions import (
 from tn.logstore.kafka_backend.headers import FRAME_OVERHEAD, encode_entries, entries_headers
 from tn.logstore.kafka_backend.replay import RecordInfo, Segment
 from tn.logstore.kafka_backend.window import Window
+
+log = logging.getLogger(__name__)
 
 GROWTH = 4  # a busy writer's next record waits for GROWTH ** in_flight entries
 
@@ -105,6 +112,7 @@ class GroupWriter:
         self._rr = 0
         self._failed: BaseException | None = None
         self._closed = False
+        self.reissued = 0  # records issued again after a delivery without an offset
         # The (partition, offset) <-> LSN map of this writer's durable records.
         self.records: list[RecordInfo] = []
         self.segments: list[Segment] = []  # sorted by first
@@ -209,7 +217,7 @@ class GroupWriter:
         size = len(value)
 
         def on_delivery(err: KafkaError | None, msg: Message) -> None:
-            self._delivered(err, msg, first, count, size)
+            self._delivered(err, msg, issue, size)
 
         try:
             self._producer.produce(
@@ -228,27 +236,28 @@ class GroupWriter:
 
     # -- delivery and completion ---------------------------------------------
 
-    def _delivered(
-        self, err: KafkaError | None, msg: Message, first: int, count: int, size: int
-    ) -> None:
+    def _delivered(self, err: KafkaError | None, msg: Message, issue: _Issue, size: int) -> None:
+        first, payloads, partition, _ = issue
+        last = first + len(payloads) - 1
+        off = -1 if err is not None else msg.offset()
+        if off is None:  # no proof of durability (module docstring)
+            self._reissue(issue)
+            return
         with self._cond:
             self._in_flight -= 1
             if err is not None:
                 self._fail_locked(
-                    AppendFailedError(
-                        f"WAL record LSN {first}..{first + count - 1} was not made durable: {err}"
-                    )
+                    AppendFailedError(f"WAL record LSN {first}..{last} was not made durable: {err}")
                 )
                 return
             if self._failed is not None:
                 return
-            p, off = int(msg.partition() or 0), int(msg.offset() or 0)
+            p = int(msg.partition() or 0)
             _, ts = msg.timestamp()
-            last = first + count - 1
             self.records.append(RecordInfo(p, off, last, int(ts), size))
             bisect.insort(self.segments, Segment(first, last, p, off, 0), key=lambda s: s.first)
             done = self._window.durable(first, last)
-            issue = self._take_group_locked() if self._group_ready_locked() else None
+            nxt = self._take_group_locked() if self._group_ready_locked() else None
             self._cond.notify_all()
             if done:
                 # Taken before _cond is released: no failure can complete a later LSN first.
@@ -260,8 +269,26 @@ class GroupWriter:
                         fut.set_result(lsn)
             finally:
                 self._complete_lock.release()
-        if issue is not None:  # after releasing _complete_lock: _produce may take _cond
-            self._produce(issue)
+        if nxt is not None:  # after releasing _complete_lock: _produce may take _cond
+            self._produce(nxt)
+
+    def _reissue(self, issue: _Issue) -> None:
+        """Issue a record's entries again, on its partition, with the acked LSN of now (the
+        record that replaces it stays in flight: `_in_flight` is unchanged)."""
+        first, payloads, partition, _ = issue
+        with self._cond:
+            if self._failed is not None:
+                self._in_flight -= 1
+                return
+            self.reissued += 1
+            again = (first, payloads, partition, self._window.acked)
+        log.warning(
+            "WAL record LSN %d..%d: the broker acknowledged it without an offset (a duplicate "
+            "sequence answer), which does not prove it was written; issuing it again",
+            first,
+            first + len(payloads) - 1,
+        )
+        self._produce(again)
 
     def _dispatch(self, item: _Callback) -> None:
         """Hand a done-callback to the completion thread; run it here once that has ended."""
@@ -272,7 +299,7 @@ class GroupWriter:
         try:
             fn(fut)
         except Exception:  # noqa: BLE001 - like Future: a callback's error is logged only
-            logging.getLogger(__name__).exception("WAL append callback raised")
+            log.exception("WAL append callback raised")
 
     def _complete_loop(self) -> None:
         """The completion thread: runs done-callbacks, in the order futures completed."""
@@ -284,7 +311,7 @@ class GroupWriter:
             try:
                 fn(fut)
             except Exception:  # noqa: BLE001 - like Future: a callback's error is logged only
-                logging.getLogger(__name__).exception("WAL append callback raised")
+                log.exception("WAL append callback raised")
 
     def _fail_locked(self, exc: BaseException) -> None:
         if self._failed is None:
