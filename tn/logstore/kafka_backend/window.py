@@ -10,7 +10,7 @@ ever advance the *contiguous* acknowledged LSN:
    oldest unacknowledged one (`lsn <= acked + size`);
 2. `durable(first, last)` records a durable range, advances `acked` while the
    next LSN is covered, and returns the futures now acknowledged, in LSN order;
-3. `fail_all()` hands back every unacknowledged future (the caller fails them).
+3. `fail_all()` hands back every unacknowledged (LSN, future) (the caller fails them).
 
 Not thread-safe: the writer calls it under its lock.
 """
@@ -57,9 +57,9 @@ class Window:
     def pending(self) -> int:
         return len(self._pending)
 
-    def fail_all(self) -> list[Future[int]]:
-        """Step 3: every unacknowledged future, oldest first; the window is then empty."""
-        out = [fut for _, fut, _ in self._pending]
+    def fail_all(self) -> list[tuple[int, Future[int]]]:
+        """Step 3: every unacknowledged (LSN, future), oldest first; the window is then empty."""
+        out = [(lsn, fut) for lsn, fut, _ in self._pending]
         self._pending.clear()
         self._durable.clear()
         return out

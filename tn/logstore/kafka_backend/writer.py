@@ -20,11 +20,15 @@ written"), and the embedded broker gives that answer after a restart for a
 record it lost. The entries are issued again as a new record, on the same
 partition, and the new record's delivery acknowledges them. A copy of a
 record that was in fact written is harmless: replay keeps the first copy of
-each LSN. A durable record is noted in the map and the window; futures the window acknowledges are completed **in LSN order** by the
-pump (results only: done-callbacks always run on the writer's completion
-thread, so no user code runs on the pump or under the writer's lock). A failed delivery, or an entry unacknowledged for longer
-than `append_timeout_s` (the watchdog `tick`), fails the writer: every pending
-future fails, later appends fail at once. Nothing is acknowledged that was not
+each LSN. A durable record is noted in the map and the window. The futures the
+window acknowledges go, as one batch, to the writer's completion thread, which
+completes them **in LSN order** (done-callbacks run there: no user code runs on
+the pump or under the writer's lock, and the pump's work per record does not
+grow with the entries it holds). A failed delivery, or an entry
+unacknowledged for longer than `append_timeout_s` (the watchdog `tick`),
+fails the writer: every pending future fails, later appends fail at once.
+Batches are queued under the writer's lock, so successes and failures reach
+the completion thread in LSN order. Nothing is acknowledged that was not
 durable with all entries before it.
 """
 
@@ -35,7 +39,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 
@@ -56,22 +60,8 @@ log = logging.getLogger(__name__)
 GROWTH = 4  # a busy writer's next record waits for GROWTH ** in_flight entries
 
 _Issue = tuple[int, list[bytes], int, int]  # first LSN, payloads, partition, acked
-_Callback = tuple[Callable[[Future[int]], object], Future[int]]
-
-
-class WalFuture(Future[int]):
-    """The future `append` returns. Its done-callbacks never run on the thread that completes
-    it: they are handed to the writer's completion thread (in completion order there), so the
-    pump thread can set results without ever running user code, and a callback may append
-    (even wait for the window) without blocking acknowledgements."""
-
-    def __init__(self, dispatch: Callable[[_Callback], None]) -> None:
-        super().__init__()
-        self._dispatch = dispatch
-
-    def add_done_callback(self, fn: Callable[[Future[int]], object]) -> None:
-        dispatch = self._dispatch
-        super().add_done_callback(lambda f: dispatch((fn, f)))
+# futures to complete, in LSN order, and the error to fail them with (None: their LSN)
+_Batch = tuple[list[tuple[int, Future[int]]], BaseException | None]
 
 
 @dataclass(frozen=True)
@@ -117,11 +107,8 @@ class GroupWriter:
         self.records: list[RecordInfo] = []
         self.segments: list[Segment] = []  # sorted by first
         self._next_tick = 0.0
-        # Whoever sets results holds this lock, taken while holding _cond: results are set
-        # in LSN order (successes by the pump, failures by whoever fails the writer).
-        self._complete_lock = threading.Lock()
-        self._callbacks: queue.SimpleQueue[_Callback | None] = queue.SimpleQueue()
-        self._callbacks_open = True
+        self._batches: queue.SimpleQueue[_Batch | None] = queue.SimpleQueue()
+        self._completer_open = True  # under _cond
         self._completer = threading.Thread(
             target=self._complete_loop, name="kwal-wal-complete", daemon=True
         )
@@ -149,7 +136,7 @@ class GroupWriter:
     # -- append --------------------------------------------------------------
 
     def append(self, lsn: int, payload: bytes) -> Future[int]:
-        future = WalFuture(self._dispatch)
+        future: Future[int] = Future()
         with self._cond:
             # 1. refuse on failure / close
             if self._closed:
@@ -257,19 +244,11 @@ class GroupWriter:
             self.records.append(RecordInfo(p, off, last, int(ts), size))
             bisect.insort(self.segments, Segment(first, last, p, off, 0), key=lambda s: s.first)
             done = self._window.durable(first, last)
+            if done:
+                self._complete_locked(done, None)
             nxt = self._take_group_locked() if self._group_ready_locked() else None
             self._cond.notify_all()
-            if done:
-                # Taken before _cond is released: no failure can complete a later LSN first.
-                self._complete_lock.acquire()
-        if done:
-            try:
-                for lsn, fut in done:  # LSN order; runs no user code (callbacks are dispatched)
-                    if not fut.done():
-                        fut.set_result(lsn)
-            finally:
-                self._complete_lock.release()
-        if nxt is not None:  # after releasing _complete_lock: _produce may take _cond
+        if nxt is not None:
             self._produce(nxt)
 
     def _reissue(self, issue: _Issue) -> None:
@@ -290,28 +269,23 @@ class GroupWriter:
         )
         self._produce(again)
 
-    def _dispatch(self, item: _Callback) -> None:
-        """Hand a done-callback to the completion thread; run it here once that has ended."""
-        if self._callbacks_open:
-            self._callbacks.put(item)
-            return
-        fn, fut = item
-        try:
-            fn(fut)
-        except Exception:  # noqa: BLE001 - like Future: a callback's error is logged only
-            log.exception("WAL append callback raised")
+    def _complete_locked(
+        self, futures: list[tuple[int, Future[int]]], exc: BaseException | None
+    ) -> None:
+        """Queue a batch for the completion thread (under _cond: batches keep LSN order).
+        Once that thread has ended (close), complete here."""
+        if self._completer_open:
+            self._batches.put((futures, exc))
+        else:
+            _complete(futures, exc)
 
     def _complete_loop(self) -> None:
-        """The completion thread: runs done-callbacks, in the order futures completed."""
+        """The completion thread: completes batches in the order they were queued."""
         while True:
-            item = self._callbacks.get()
-            if item is None:
+            batch = self._batches.get()
+            if batch is None:
                 return
-            fn, fut = item
-            try:
-                fn(fut)
-            except Exception:  # noqa: BLE001 - like Future: a callback's error is logged only
-                log.exception("WAL append callback raised")
+            _complete(*batch)
 
     def _fail_locked(self, exc: BaseException) -> None:
         if self._failed is None:
@@ -320,10 +294,7 @@ class GroupWriter:
         self._group_bytes = 0
         failed = self._window.fail_all()
         if failed:
-            with self._complete_lock:  # after any success the pump is still setting
-                for fut in failed:
-                    if not fut.done():
-                        fut.set_exception(self._failed)
+            self._complete_locked(failed, self._failed)
         self._cond.notify_all()
 
     def fail(self, exc: BaseException) -> None:
@@ -369,7 +340,20 @@ class GroupWriter:
                         LogClosedError("Kafka WAL driver closed before the entry was acknowledged")
                     )
                 self._cond.notify_all()
-        self._callbacks_open = False
-        self._callbacks.put(None)
+        with self._cond:
+            self._completer_open = False
+        self._batches.put(None)
         if threading.current_thread() is not self._completer:
             self._completer.join(timeout_s)
+
+
+def _complete(futures: list[tuple[int, Future[int]]], exc: BaseException | None) -> None:
+    """Complete futures in order: with their LSN, or with `exc`. Done-callbacks run here;
+    one that raises is logged, like `Future` does, and the rest still complete."""
+    for lsn, fut in futures:
+        if fut.done():
+            continue
+        if exc is None:
+            fut.set_result(lsn)
+        else:
+            fut.set_exception(exc)
