@@ -273,7 +273,8 @@ class GroupWriter:
         self, futures: list[tuple[int, Future[int]]], exc: BaseException | None
     ) -> None:
         """Queue a batch for the completion thread (under _cond: batches keep LSN order).
-        Once that thread has ended (close), complete here."""
+        No batch comes after `close` (it fails what is pending before it stops the thread);
+        were one to, it is completed here rather than lost."""
         if self._completer_open:
             self._batches.put((futures, exc))
         else:
