@@ -15,21 +15,29 @@ from infra.processes import port_open
 
 @contextmanager
 def bench_kafka(cfg: KwalConfig, name: str) -> Iterator[tuple[KwalConfig, str]]:
-    """Yield (config with a fresh topic prefix, "embedded" or the address used).
+    """Yield (config with a fresh topic prefix and object store, "embedded" or the address used).
 
     1. if something answers at cfg.bootstrap, use it;
     2. otherwise start the embedded broker and stop it on exit;
-    3. either way the bench's topics get a prefix of their own.
+    3. either way the bench's topics get a prefix of their own, and its checkpoints a
+       temporary folder of their own (recovery refuses another WAL's checkpoint, and a
+       bench must not leave one in the configured store).
     """
     broker = None
+    work = tempfile.TemporaryDirectory(prefix=f"kwal-bench-{name}-")
     if not port_open(cfg.bootstrap.split(",")[0]):
         from infra.broker import start_broker
 
-        broker = start_broker(Path(tempfile.mkdtemp(prefix=f"kwal-bench-{name}-")))
+        broker = start_broker(Path(work.name) / "logs")
         cfg = cfg.with_bootstrap(broker.address)
     topics = dataclasses.replace(cfg.topics, prefix=f"bench-{name}-{uuid.uuid4().hex[:8]}")
+    objects = dataclasses.replace(cfg.objectstore, url=f"file://{work.name}/objects")
     try:
-        yield dataclasses.replace(cfg, topics=topics), ("embedded" if broker else cfg.bootstrap)
+        yield (
+            dataclasses.replace(cfg, topics=topics, objectstore=objects),
+            "embedded" if broker else cfg.bootstrap,
+        )
     finally:
         if broker is not None:
             broker.stop()
+        work.cleanup()
