@@ -668,11 +668,10 @@ class TnService:
         with self._lock:
             self._inflight_ids.discard(res.request_id)
             waiting = self._waiters.pop(res.request_id, [])
-            if result_offset >= 0:
-                self._delivered_above[req_offset] = min(
-                    result_offset, self._delivered_above.get(req_offset, result_offset)
-                )
-                self._last_result_offset = max(self._last_result_offset, result_offset)
+            self._delivered_above[req_offset] = min(
+                result_offset, self._delivered_above.get(req_offset, result_offset)
+            )
+            self._last_result_offset = max(self._last_result_offset, result_offset)
             self._resolve_locked(req_offset)
         for offset in waiting:
             self._republish(res, offset)
