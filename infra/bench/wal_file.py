@@ -20,8 +20,11 @@ its future completes, like a transaction):
 Both sides sync with fdatasync (what the driver uses; fsync where the
 platform has no fdatasync). Steps: (1) a temp directory; (2) for each
 concurrency a fresh driver, appenders bounded by an entry count and a time
-cap; (3) the two plain loops, bounded the same way; (4) emit; the temp
-directory is removed. The whole bench stays under a minute.
+cap; (3) the two plain loops, bounded the same way; (4) steps 2-3 once more
+(ROUNDS), each phase's faster run is reported: the disk's sync time drifts
+by tens of percent within a minute on the shared machine, and interleaving
+makes the drift hit both sides; (5) emit; the temp directory is removed. The
+whole bench stays under a minute.
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ CONCURRENCY = (1, 8, 64)
 DEFAULT_ENTRIES = {1: 4000, 8: 20000, 64: 60000}
 PLAIN_DEFAULT_ENTRIES = 4000
 PHASE_CAP_S = 8.0
+ROUNDS = 2  # each phase's best of two interleaved runs is reported
 _MB = 1e6
 
 
@@ -116,16 +120,29 @@ def _plain_phase(directory: Path, entries: int, prealloc: bool) -> dict[str, flo
 def run(args: argparse.Namespace, cfg: Any) -> int:
     """`args.entries`: entries per phase (0 = each phase's default)."""
     requested = int(getattr(args, "entries", 0) or 0)
-    result: dict[str, Any] = {"bench": "wal", "backend": "file", "entry_bytes": ENTRY_BYTES}
+    result: dict[str, Any] = {
+        "bench": "wal",
+        "backend": "file",
+        "entry_bytes": ENTRY_BYTES,
+        "rounds": ROUNDS,
+    }
+    best: dict[str, dict[str, float]] = {}
+
+    def keep(name: str, phase: dict[str, float]) -> None:
+        if name not in best or phase["eps"] > best[name]["eps"]:
+            best[name] = phase
+
     with tempfile.TemporaryDirectory(prefix="kwal-bench-wal-") as tmp:
         root = Path(tmp)
-        for n in CONCURRENCY:
-            phase = _group_phase(root / f"group{n}", n, requested or DEFAULT_ENTRIES[n], cfg)
-            result.update({f"group_{n}_{k}": v for k, v in phase.items()})
         plain_entries = requested or PLAIN_DEFAULT_ENTRIES
-        for name, prealloc in (("plain", False), ("plain_prealloc", True)):
-            phase = _plain_phase(root / name, plain_entries, prealloc)
-            result.update({f"{name}_{k}": v for k, v in phase.items()})
+        for r in range(ROUNDS):  # interleaved: drift in the disk's sync time hits both sides
+            for n in CONCURRENCY:
+                entries = requested or DEFAULT_ENTRIES[n]
+                keep(f"group_{n}", _group_phase(root / f"r{r}group{n}", n, entries, cfg))
+            for name, prealloc in (("plain", False), ("plain_prealloc", True)):
+                keep(name, _plain_phase(root / f"r{r}{name}", plain_entries, prealloc))
+    for name, phase in best.items():
+        result.update({f"{name}_{k}": v for k, v in phase.items()})
     result["group_commit_gain"] = ratio(result["group_64_eps"], result["plain_eps"])
     result["gain_vs_prealloc_plain"] = ratio(result["group_64_eps"], result["plain_prealloc_eps"])
     emit(result)

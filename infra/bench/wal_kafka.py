@@ -39,6 +39,7 @@ from infra.bench.appenders import drive
 from infra.bench.kafka import bench_kafka
 from infra.bench.report import emit, ratio
 from infra.config import KwalConfig
+from tn.logstore.ack_future import AckFuture
 
 ENTRY_BYTES = 200
 CONCURRENCY = (1, 8, 64)
@@ -66,7 +67,7 @@ class _Raw:
 
     def append(self) -> Future[None]:
         """One message; the future completes from its delivery report."""
-        done: Future[None] = Future()
+        done: Future[None] = AckFuture()  # the driver's future type: same harness cost
 
         def cb(err: KafkaError | None, _msg: Message) -> None:
             if err is not None:

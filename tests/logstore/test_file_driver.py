@@ -286,3 +286,78 @@ def test_a_cancelled_future_does_not_stop_the_writer(tmp_path: Path) -> None:
     driver = FileDriver(tmp_path)
     assert _lsns(driver) == list(range(1, 202))  # cancelled entries were written anyway
     driver.close()
+
+
+def test_closed_loop_appenders_complete_only_after_their_sync_and_in_order(tmp_path: Path) -> None:
+    """32 clients, each appending its next entry from the callback of its last one (the
+    loop that makes the writer split a group's completion, module docstring step 2): every
+    callback sees its entry already durable, and callbacks run in LSN order."""
+    driver = FileDriver(tmp_path)
+    store = LogStore(driver)
+    seen: list[int] = []
+    not_durable: list[int] = []
+    remaining = [3000]
+    lock = threading.Lock()
+    finished = threading.Event()
+
+    def on_done(f: object) -> None:
+        lsn = f.result()  # type: ignore[attr-defined]
+        if driver.durable_lsn() < lsn:
+            not_durable.append(lsn)
+        seen.append(lsn)
+        with lock:
+            remaining[0] -= 1
+            more = remaining[0] >= 32
+            if remaining[0] == 0:
+                finished.set()
+        if more:
+            store.append(b"z" * 100).add_done_callback(on_done)
+
+    for _ in range(32):
+        store.append(b"z" * 100).add_done_callback(on_done)
+    assert finished.wait(60)
+    driver.close()
+    assert not_durable == []
+    assert seen == list(range(1, 3001))
+    assert driver.fsyncs < 3000  # grouped
+
+
+def test_write_failure_still_completes_the_group_synced_before_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Step 7: entry 1 is synced, entries 2-3 are taken next and their write fails:
+    1 completes with its LSN (it is durable), 2 and 3 fail."""
+    driver = FileDriver(tmp_path)
+    first_sync = threading.Event()
+    release = threading.Event()
+    real_sync = driver_module.sync_data
+    real_write = driver_module._pwrite_all
+    writes = [0]
+
+    def slow_sync(fd: int) -> None:
+        real_sync(fd)
+        if not first_sync.is_set():
+            first_sync.set()
+            assert release.wait(10)
+
+    def failing_write(fd: int, data: bytes | bytearray, offset: int) -> None:
+        writes[0] += 1
+        if writes[0] > 1 and data.count(0) != len(data):  # the second group's records
+            raise OSError(28, "No space left on device")
+        real_write(fd, data, offset)
+
+    monkeypatch.setattr(driver_module, "sync_data", slow_sync)
+    monkeypatch.setattr(driver_module, "_pwrite_all", failing_write)
+    f1 = driver.append(1, b"one")
+    assert first_sync.wait(10)  # 1 is written and its sync has returned
+    f2 = driver.append(2, b"two")
+    f3 = driver.append(3, b"three")
+    release.set()
+    assert f1.result(timeout=10) == 1
+    for f in (f2, f3):
+        with pytest.raises(LogStoreError, match="No space left"):
+            f.result(timeout=10)
+    driver.close()
+    reopened = FileDriver(tmp_path)
+    assert reopened.last_lsn() == 1
+    reopened.close()

@@ -11,6 +11,7 @@ import bisect
 import threading
 from concurrent.futures import Future
 
+from tn.logstore.ack_future import AckFuture
 from tn.logstore.driver import LogClosedError, LogDriver, LogRecord
 
 
@@ -22,7 +23,7 @@ class MemoryDriver(LogDriver):
         self._closed = False
 
     def append(self, lsn: int, payload: bytes) -> Future[int]:
-        future: Future[int] = Future()
+        future: Future[int] = AckFuture()
         with self._lock:
             if self._closed:
                 future.set_exception(LogClosedError("memory log is closed"))

@@ -1,21 +1,39 @@
 """`FileDriver`: the embedded log backend (segment files + group commit).
 
-Group commit, the writer thread's loop (`FileDriver._run`):
+Group commit, the writer thread's loop (`FileDriver._run`). A group is
+*synced* once its fdatasync returned and *completed* once its futures are set.
 
-1. Wait until entries are queued (or the driver closes with none left).
-2. Take every queued entry, up to group_max_entries / group_max_bytes.
-3. Frame them (LSN prefix + payload, `writer.LogWriter`) into ONE buffer;
-   when the active segment reached segment_bytes, write and sync what is
-   framed, then roll to a new segment named by the next LSN.
-4. One write (plus, now and then, zeros preallocated past it), then ONE
-   fdatasync for the whole group.
-5. Publish the new durable LSN and segment sizes (reads see them), then
-   complete the group's futures in LSN order.
-6. On an I/O error: fail this group and everything queued; the driver is
-   failed, later appends fail at once (nothing after a hole is acknowledged).
+1. Take every queued entry, up to group_max_entries / group_max_bytes. With
+   no synced group to complete, wait for one; else do not wait.
+2. Nothing queued, and the synced group holds several entries: complete its
+   first half, then wait up to SPLIT_WAIT_S for entries to be queued and
+   take them (see "Why" below).
+3. Frame the taken entries (LSN prefix + payload, `writer.LogWriter`) into
+   ONE buffer; when the active segment reached segment_bytes, write and sync
+   what is framed, then roll to a new segment named by the next LSN.
+4. One write (plus, now and then, zeros preallocated past it).
+5. Complete the synced group (the rest of it), in LSN order.
+6. ONE fdatasync for the taken group; publish the new durable LSN and segment
+   sizes (reads see them). It is now the synced group: back to 1.
+7. On an I/O error: complete the synced group (it is durable), fail the
+   taken group and everything queued; the driver is failed, later appends
+   fail at once (nothing after a hole is acknowledged).
 
 A future therefore completes only after the sync that covers its entry, so a
 crash loses only entries whose futures had not completed.
+
+Why complete between the write and the sync (5 before 6): completing futures
+wakes their owners (the commit pipeline), which then append the next entries;
+that needs the GIL, and fdatasync releases it. In this order the owners' work
+overlaps the sync, and what they append is queued when it returns: two groups
+alternate, one syncing while the other is being formed. Why step 2: when the
+owners append only after their own completion (a closed loop of clients), a
+single group forms, holding every client, and nothing overlaps: all complete,
+all append, one sync, repeat. Completing half first lets that half append a
+group of its own while the other half's completion overlaps the sync; the
+cost is a wait of at most SPLIT_WAIT_S for the second half. Measured with
+`kwal bench wal --backend file` at 64 appenders on the 2-core machine:
+~32 entries per sync instead of 64, and ~20% more entries/s.
 """
 
 from __future__ import annotations
@@ -28,6 +46,7 @@ from collections import deque
 from concurrent.futures import Future, InvalidStateError
 from pathlib import Path
 
+from tn.logstore.ack_future import AckFuture, set_results
 from tn.logstore.driver import LogClosedError, LogDriver, LogRecord, LogStoreError
 from tn.logstore.file_backend.format import LSN, LSN_SIZE, decode_lsn
 from tn.logstore.file_backend.reader import LogReader, Record
@@ -45,6 +64,12 @@ from tn.logstore.file_backend.segments import (
 from tn.logstore.file_backend.writer import LogWriter
 
 _Pending = tuple[int, bytes, "Future[int]"]
+# What a written group still needs: (segment, end offset, index points, last LSN).
+_Unsynced = tuple[Segment, int, list[tuple[int, int]], int]
+
+# Step 2's wait: long enough for the woken half to append (tens of us each),
+# short enough to cost the other half little when it does not.
+SPLIT_WAIT_S = 0.0002
 
 
 class FileDriver(LogDriver):
@@ -87,6 +112,7 @@ class FileDriver(LogDriver):
         self._read_lock = threading.Lock()  # reads vs segment deletion
         self._trunc_lock = threading.Lock()
         self._queue: deque[_Pending] = deque()
+        self._writer_waiting = False  # guarded by _lock: only then must append notify
         self._closed = False
         self._failed: BaseException | None = None
         self._cursor: tuple[int, Path, int] | None = None  # (next LSN, segment, offset)
@@ -142,8 +168,8 @@ class FileDriver(LogDriver):
     # -- appends: the group-commit writer ----------------------------------
 
     def append(self, lsn: int, payload: bytes) -> Future[int]:
-        future: Future[int] = Future()
-        with self._cond:
+        future: Future[int] = AckFuture()
+        with self._lock:
             if self._closed:
                 future.set_exception(LogClosedError(f"file log {self._dir} is closed"))
                 return future
@@ -154,19 +180,27 @@ class FileDriver(LogDriver):
                 raise ValueError(f"append of LSN {lsn}, expected {self._last_lsn + 1}")
             self._queue.append((lsn, payload, future))
             self._last_lsn = lsn
-            self._cond.notify()
+            if self._writer_waiting:  # else the writer looks at the queue before it waits
+                self._cond.notify()
         return future
 
-    def _take_group(self) -> list[_Pending] | None:
-        """Steps 1-2."""
-        with self._cond:
-            while not self._queue and not self._closed:
-                self._cond.wait()
-            if not self._queue:
+    def _take_group(self, wait_s: float | None) -> list[_Pending] | None:
+        """What is queued, up to a group's limits; None if nothing. `wait_s`: how long to
+        wait for a first entry (None: until one comes or the driver closes; 0: not at all)."""
+        with self._lock:
+            queue = self._queue
+            if not queue and not self._closed and wait_s != 0:
+                self._writer_waiting = True
+                if wait_s is None:
+                    while not queue and not self._closed:
+                        self._cond.wait()
+                else:
+                    self._cond.wait(wait_s)
+                self._writer_waiting = False
+            if not queue:
                 return None
             group: list[_Pending] = []
             size = 0
-            queue = self._queue
             while queue and len(group) < self._group_max_entries and size < self._group_max_bytes:
                 item = queue.popleft()
                 group.append(item)
@@ -174,40 +208,51 @@ class FileDriver(LogDriver):
             return group
 
     def _run(self) -> None:
+        synced: list[_Pending] = []  # durable, not yet completed
         while True:
-            group = self._take_group()
-            if group is None:
-                return
+            group = self._take_group(0.0 if synced else None)  # 1.
+            if group is None and len(synced) > 1:  # 2.
+                half = len(synced) // 2
+                _complete(synced[:half])
+                synced = synced[half:]
+                group = self._take_group(SPLIT_WAIT_S)
+            if group is None and not synced:
+                return  # closed, and nothing left
             try:
-                self._write_group(group)
-            except BaseException as exc:  # step 6
-                with self._cond:
+                unsynced = self._write_group(group) if group else None  # 3-4.
+                _complete(synced)  # 5.
+                synced = []
+                if group and unsynced is not None:
+                    self._sync(*unsynced)  # 6.
+                    synced = group
+            except BaseException as exc:  # 7.
+                _complete(synced)
+                with self._lock:
                     self._failed = exc
-                    doomed = group + list(self._queue)
+                    doomed = (group or []) + list(self._queue)
                     self._queue.clear()
                 error = LogStoreError(f"write to {self._dir} failed: {exc}")
                 for _, _, future in doomed:
                     with contextlib.suppress(InvalidStateError):  # cancelled by its owner
                         future.set_exception(error)
                 return
-            for lsn, _, future in group:  # step 5
-                try:
-                    future.set_result(lsn)
-                except InvalidStateError:  # cancelled by its owner: durable all the same
-                    pass
 
-    def _write_group(self, group: list[_Pending]) -> None:
-        """Steps 3-5 (publishing); the caller completes the futures."""
+    def _write_group(self, group: list[_Pending]) -> _Unsynced:
+        """Steps 3-4: frame and write; returns what step 6 must sync and publish."""
         seg = self._segments[-1]
         writer = self._writer
         out = bytearray()
         base = seg.size
         points: list[tuple[int, int]] = []
+        next_point = (seg.index_offsets or [-INDEX_SPACING])[-1] + INDEX_SPACING
+        segment_bytes = self._segment_bytes
+        pack_lsn = LSN.pack
         last = 0
         for lsn, payload, _ in group:
-            if base + len(out) >= self._segment_bytes and base + len(out) > 0:
+            offset = base + len(out)
+            if offset >= segment_bytes and offset > 0:
                 if out:
-                    self._flush(out, seg, base, points, last)
+                    self._sync(seg, self._write(out, base), points, last)
                 self._roll(lsn)
                 seg, writer, out, base, points = (
                     self._segments[-1],
@@ -216,23 +261,21 @@ class FileDriver(LogDriver):
                     0,
                     [],
                 )
-            offset = base + len(out)
-            last_point = points[-1][1] if points else (seg.index_offsets or [-INDEX_SPACING])[-1]
-            if offset - last_point >= INDEX_SPACING:
+                offset, next_point = 0, 0
+            if offset >= next_point:
                 points.append((lsn, offset))
-            writer.add_record(LSN.pack(lsn) + payload, out)
+                next_point = offset + INDEX_SPACING
+            writer.add_record(pack_lsn(lsn) + payload, out)
             last = lsn
-        self._flush(out, seg, base, points, last)
+        return seg, self._write(out, base), points, last
 
-    def _flush(
-        self, out: bytearray, seg: Segment, base: int, points: list[tuple[int, int]], last: int
-    ) -> None:
-        """Step 4 for one segment, then publish what became durable.
+    def _write(self, out: bytearray, base: int) -> int:
+        """Step 4 for one segment; returns the end offset of the records.
 
         Preallocation: when the records pass the zeroed end of the file, zeros
-        are written ahead (preallocate_bytes) before the same sync. Later groups
-        then overwrite zeros, and their fdatasync has no file size to commit,
-        which makes it much cheaper; recovery reads zeros to EOF as the end.
+        are written ahead (preallocate_bytes), covered by the same sync. Later
+        groups then overwrite zeros, and their fdatasync has no file size to
+        commit, which makes it much cheaper; recovery reads zeros to EOF as the end.
         """
         end = base + len(out)
         _pwrite_all(self._fd, out, base)
@@ -241,6 +284,10 @@ class FileDriver(LogDriver):
             if target > end:
                 _pwrite_all(self._fd, bytes(target - end), end)
             self._zeroed_end = target
+        return end
+
+    def _sync(self, seg: Segment, end: int, points: list[tuple[int, int]], last: int) -> None:
+        """Step 6 for one segment: sync, then publish what became durable."""
         sync_data(self._fd)
         with self._lock:
             self.fsyncs += 1
@@ -368,6 +415,12 @@ class FileDriver(LogDriver):
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
+
+
+def _complete(group: list[_Pending]) -> None:
+    """Step 5: a synced group's futures, in LSN order (a future its owner cancelled
+    is skipped: the entry is durable all the same)."""
+    set_results([(future, lsn) for lsn, _, future in group])
 
 
 def _pwrite_all(fd: int, data: bytes | bytearray, offset: int) -> None:

@@ -45,6 +45,7 @@ from dataclasses import dataclass
 
 from confluent_kafka import KafkaError, Message, Producer
 
+from tn.logstore.ack_future import AckFuture, set_results
 from tn.logstore.driver import LogClosedError
 from tn.logstore.kafka_backend.exceptions import (
     AppendFailedError,
@@ -136,7 +137,7 @@ class GroupWriter:
     # -- append --------------------------------------------------------------
 
     def append(self, lsn: int, payload: bytes) -> Future[int]:
-        future: Future[int] = Future()
+        future: Future[int] = AckFuture()
         with self._cond:
             # 1. refuse on failure / close
             if self._closed:
@@ -351,10 +352,9 @@ class GroupWriter:
 def _complete(futures: list[tuple[int, Future[int]]], exc: BaseException | None) -> None:
     """Complete futures in order: with their LSN, or with `exc`. Done-callbacks run here;
     one that raises is logged, like `Future` does, and the rest still complete."""
-    for lsn, fut in futures:
-        if fut.done():
-            continue
-        if exc is None:
-            fut.set_result(lsn)
-        else:
+    if exc is None:
+        set_results([(fut, lsn) for lsn, fut in futures])
+        return
+    for _, fut in futures:
+        if not fut.done():
             fut.set_exception(exc)
