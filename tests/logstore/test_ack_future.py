@@ -100,3 +100,9 @@ def test_a_raising_callback_does_not_stop_the_others() -> None:
     fs[1].add_done_callback(lambda f: seen.append(f.result()))
     set_results([(fs[0], 1), (fs[1], 2)])
     assert seen == [2] and fs[0].result() == 1
+
+
+def test_it_sets_every_attribute_a_future_has() -> None:
+    """AckFuture skips Future.__init__; a Python whose Future gains an attribute must fail
+    here rather than in an inherited method."""
+    assert set(vars(Future())) == set(vars(AckFuture())) | {"_condition"}

@@ -6,11 +6,11 @@ future per entry, tens of thousands a second, and almost none of them is ever
 waited on by a blocked thread: the commit pipeline attaches a callback, and
 the callback reads the result of a future that is already done. Measured on
 the 2-core machine: a Future's life (create, add a callback, set the result,
-read it) costs ~5.3 us, a sizeable part of an entry's whole cost in the
-group-commit benchmarks.
+read it) costs ~5.5 us, an AckFuture's ~2.7 us; in the file WAL benchmark at
+64 appenders the switch took the process's CPU per entry from ~18 to ~14 us.
 
 An AckFuture is a Future in every respect (isinstance, `concurrent.futures.wait`,
-`as_completed`, `result(timeout)`, cancel), with two differences inside:
+`as_completed`, `result(timeout)`, cancel), with three differences inside:
 
 1. Every AckFuture's state changes under ONE module-wide re-entrant lock
    (held for a few attribute writes, never while a callback runs).
@@ -20,7 +20,8 @@ An AckFuture is a Future in every respect (isinstance, `concurrent.futures.wait`
    that blocks in `result()`/`exception()`, or `concurrent.futures.wait`.
    That Condition is built on the same module-wide lock, so the inherited
    methods, which take `self._condition`, are synchronised with the fast
-   paths here.
+   paths here. It skips `Future.__init__` (which would make the Condition);
+   a test checks that it sets every other attribute that one sets.
 """
 
 from __future__ import annotations
