@@ -23,6 +23,7 @@ Request ids are uuid4 hex strings; the TN deduplicates on them.
 from __future__ import annotations
 
 import os
+import queue
 import threading
 import time
 import uuid
@@ -106,13 +107,21 @@ def to_arrow(rows: Rows, columns: Sequence[str] | None = None) -> pa.Table:
 
 
 class _SharedProducer:
-    """One producer per (Kafka settings) per process, with a poll thread."""
+    """One producer per (Kafka settings) per process, with a poll thread.
+
+    Sends that must be made again (a request acknowledged without an offset) are
+    queued by the delivery callback with `again` and made by the poll thread after
+    its poll returns: never inside a callback, where a full producer queue could only
+    wait on the very thread that serves the reports which would empty it."""
 
     _lock = threading.Lock()
     _instances: dict[tuple[tuple[str, str], ...], _SharedProducer] = {}
 
     def __init__(self, conf: dict[str, Any]) -> None:
         self.producer = Producer(conf)
+        self._again: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        self._again_pending = 0  # queued or being made; under _again_lock
+        self._again_lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._poll, name="kwal-producer-poll", daemon=True)
         self._thread.start()
@@ -120,9 +129,42 @@ class _SharedProducer:
     def _poll(self) -> None:
         while not self._stop.is_set():
             self.producer.poll(0.05)
+            self.run_again()
+
+    def again(self, send: Callable[[], None]) -> None:
+        """Queue a send for the poll thread (safe inside a delivery callback)."""
+        with self._again_lock:
+            self._again_pending += 1
+        self._again.put(send)
+
+    def run_again(self) -> None:
+        while True:
+            try:
+                send = self._again.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                send()
+            finally:
+                with self._again_lock:
+                    self._again_pending -= 1
+
+    def flush(self, timeout: float) -> int:
+        """Like Producer.flush, counting the sends queued with `again` as not delivered."""
+        deadline = time.monotonic() + timeout
+        while True:
+            left = self.producer.flush(max(0.0, deadline - time.monotonic()))
+            self.run_again()
+            with self._again_lock:
+                pending = self._again_pending
+            if not pending and not left and len(self.producer) == 0:
+                return 0
+            if time.monotonic() >= deadline:
+                return left + pending
+            time.sleep(0.005)
 
     @classmethod
-    def get(cls, cfg: KwalConfig) -> Producer:
+    def get(cls, cfg: KwalConfig) -> _SharedProducer:
         conf = cfg.kafka_client(
             **{
                 "linger.ms": 2,
@@ -136,7 +178,7 @@ class _SharedProducer:
             inst = cls._instances.get(key)
             if inst is None:
                 inst = cls._instances[key] = cls(conf)
-            return inst.producer
+            return inst
 
 
 class _ResultRouter:
@@ -278,7 +320,8 @@ class Client:
     ) -> None:
         self.cfg = cfg
         self.client_id = client_id or f"client-{uuid.uuid4().hex[:12]}"
-        self._producer = _SharedProducer.get(cfg)
+        self._shared = _SharedProducer.get(cfg)
+        self._producer = self._shared.producer
         self._router = _ResultRouter.acquire(cfg, start_timeout_s)
         self._closed = False
 
@@ -305,14 +348,19 @@ class Client:
                 )
             elif msg.offset() is None:
                 # A duplicate-sequence answer does not prove the request was written (the
-                # embedded broker gives it for records it lost in a restart). Send it again:
-                # the TN runs a request id once and answers every copy with the same result.
-                self._produce_request(payload, delivered)
+                # embedded broker gives it for records it lost in a restart). Send it again
+                # (from the poll thread, not from this callback): the TN runs a request id
+                # once and answers every copy with the same result.
+                self._shared.again(lambda: self._produce_request(payload, delivered, poll=True))
 
         self._produce_request(payload, delivered)
         return fut
 
-    def _produce_request(self, payload: bytes, on_delivery: Callable[[Any, Any], None]) -> None:
+    def _produce_request(
+        self, payload: bytes, on_delivery: Callable[[Any, Any], None], poll: bool = False
+    ) -> None:
+        """`poll`: on a full queue, serve delivery reports meanwhile (the poll thread must:
+        nobody else would); else wait for the poll thread to serve them."""
         while True:
             try:
                 self._producer.produce(
@@ -323,19 +371,22 @@ class Client:
                 )
                 return
             except BufferError:
-                time.sleep(0.005)
+                if poll:
+                    self._producer.poll(0.005)
+                else:
+                    time.sleep(0.005)
 
     def _forget(self, request_id: str) -> None:
         self._router.forget(request_id)
 
     def flush(self, timeout: float = 10.0) -> None:
-        self._producer.flush(timeout)
+        self._shared.flush(timeout)
 
     def close(self) -> None:
         if self._closed:
             return
         self._closed = True
-        self._producer.flush(10)
+        self._shared.flush(10)
         self._router.release()
 
     def __enter__(self) -> Client:

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from infra.config import KwalConfig
+from tests.delivery import NoOffset
 from tests.logstore_kafka.conftest import RawWal
 from tn.logstore.driver import LogStore
 from tn.logstore.kafka_backend import (
@@ -376,20 +377,6 @@ def test_truncate_asks_delete_records_only_for_the_safe_prefix(wal_config: KwalC
         d.close()
 
 
-class _NoOffset:
-    """A delivery report as librdkafka gives it after a DUPLICATE_SEQUENCE_NUMBER answer:
-    success, no offset."""
-
-    def __init__(self, msg: Any) -> None:
-        self._msg = msg
-
-    def offset(self) -> None:
-        return None
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._msg, name)
-
-
 def test_delivery_without_offset_is_issued_again_before_acknowledging(
     wal_config: KwalConfig, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -402,7 +389,7 @@ def test_delivery_without_offset_is_issued_again_before_acknowledging(
     def delivered(self: GroupWriter, err: Any, msg: Any, issue: Any, size: int) -> None:
         if err is None and issue[0] == 2 and not hidden:  # the first record holding LSN 2
             hidden.append(int(msg.offset()))
-            msg = _NoOffset(msg)
+            msg = NoOffset(msg)
         real(self, err, msg, issue, size)
 
     monkeypatch.setattr(GroupWriter, "_delivered", delivered)

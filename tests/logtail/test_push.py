@@ -2,14 +2,22 @@
 
 from __future__ import annotations
 
+import threading
+import time
+from typing import Any
+
 import pytest
+from confluent_kafka import Consumer, TopicPartition
 
 from consumers.core.cn import CN
 from infra.config import KwalConfig
 from infra.topics import ensure_topics
+from schemas.logtail import Changes, decode_logtail
+from tests.delivery import NoOffset
 from tn.engine import Engine
 from tn.logstore.driver import LogStore
 from tn.logstore.memory_backend import MemoryDriver
+from tn.logtail.publisher import LogtailPublisher
 from tn.logtail.wiring import attach_logtail
 
 
@@ -120,3 +128,71 @@ def test_random_workload_cn_equals_tn_at_every_ts(tn, kwal_config: KwalConfig) -
     finally:
         for cn in cns:
             cn.close()
+
+
+def test_a_record_acknowledged_without_an_offset_is_produced_again_outside_the_callback(
+    tn: Any, kwal_config: KwalConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first data record of db.again gets a delivery report without an offset (the
+    embedded broker's duplicate-sequence answer after a restart). The publisher produces it
+    again, never from inside a delivery callback, and `flush` returns only once the copy is
+    delivered: the topic then holds the record twice, and a CN agrees with the TN."""
+    engine, pub = tn
+    topic = kwal_config.topics.logtail("db", "again")
+    hidden: list[int] = []
+    in_callback = threading.local()
+    produced_in_callback: list[str] = []
+    real_delivered = LogtailPublisher._delivered
+    real_produce = LogtailPublisher._produce_value
+
+    def delivered(self: LogtailPublisher, err: Any, msg: Any) -> None:
+        if err is None and not hidden and msg.topic() == topic:
+            value = decode_logtail(msg.value())
+            if isinstance(value.body, Changes):
+                hidden.append(int(msg.offset()))
+                msg = NoOffset(msg)
+        in_callback.on = True
+        try:
+            real_delivered(self, err, msg)
+        finally:
+            in_callback.on = False
+
+    def produce(self: LogtailPublisher, t: str, value: bytes) -> None:
+        if getattr(in_callback, "on", False):
+            produced_in_callback.append(t)
+        real_produce(self, t, value)
+
+    monkeypatch.setattr(LogtailPublisher, "_delivered", delivered)
+    monkeypatch.setattr(LogtailPublisher, "_produce_value", produce)
+    t = engine.begin()
+    t.create_database("db")
+    t.create_table("db", "again", [("id", "int64"), ("v", "string")], "id")
+    t.commit().result(10)
+    t = engine.begin()
+    t.insert("db", "again", [{"id": 1, "v": "one"}])
+    ts = t.commit().result(10)
+    assert pub.flush(20), pub.errors
+    assert len(hidden) == 1
+    assert produced_in_callback == []
+
+    c = Consumer(kwal_config.kafka_client(**{"group.id": "again", "enable.partition.eof": True}))
+    c.assign([TopicPartition(topic, 0, 0)])
+    changes: list[int] = []
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        m = c.poll(0.5)
+        if m is None:
+            continue
+        if m.error() is not None:
+            break  # end of partition: everything flushed is there
+        if isinstance(decode_logtail(m.value() or b"").body, Changes):
+            changes.append(m.offset() or 0)
+    c.close()
+    assert len(changes) == 2 and hidden[0] in changes  # the record and its copy
+
+    cn = CN(kwal_config, ["db.again"]).start()
+    try:
+        assert cn.wait_for(ts, timeout_s=30), (cn.watermark(), cn.errors)
+        assert cn.snapshot("db.again", ts).to_pylist() == engine.read("db", "again", ts).to_pylist()
+    finally:
+        cn.close()

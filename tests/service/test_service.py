@@ -22,6 +22,7 @@ from schemas.requests import (
     decode_result,
     encode_request,
 )
+from tests.delivery import NoOffset
 from tests.service.conftest import RunningTn, SlowDriver
 from tn.engine import Engine
 from tn.logstore.driver import LogStore
@@ -322,3 +323,40 @@ def test_copies_arriving_while_the_first_commits_each_get_an_answer(
     finally:
         running.service.stop(drain_timeout_s=5)
         engine.close()
+
+
+def test_a_request_acknowledged_without_an_offset_is_sent_again_outside_the_callback(
+    tn: RunningTn, client: Client, kwal_config: KwalConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The request's delivery report has no offset (the embedded broker's duplicate-sequence
+    answer after a restart): the client sends the request again, from the poll thread and
+    not inside the delivery callback; the TN runs it once and the commit succeeds."""
+    setup_table(client)
+    hidden: list[int | None] = []
+    in_callback = threading.local()
+    sends_in_callback: list[bool] = []
+    real = Client._produce_request
+
+    def produce_request(self: Client, payload: bytes, on_delivery: Any, poll: bool = False) -> None:
+        def wrapped(err: Any, msg: Any) -> None:
+            if err is None and not hidden:
+                hidden.append(msg.offset())
+                msg = NoOffset(msg)
+            in_callback.on = True
+            try:
+                on_delivery(err, msg)
+            finally:
+                in_callback.on = False
+
+        sends_in_callback.append(getattr(in_callback, "on", False))
+        real(self, payload, wrapped, poll)
+
+    monkeypatch.setattr(Client, "_produce_request", produce_request)
+    txn = client.begin().insert(T, [{"id": 7, "name": "seven", "price": 7.0}])
+    result = txn.commit(timeout=30)
+    assert result.commit_ts > 0 and len(hidden) == 1
+    assert sends_in_callback == [False, False]  # the request, then its copy
+    client.flush(10)
+    assert sorted(rows_of(tn)) == [7]
+    copies = [r for _, r in raw_results(kwal_config, want=3) if r.request_id == txn.request_id]
+    assert len(copies) == 2 and all(r.commit_ts == result.commit_ts for r in copies)

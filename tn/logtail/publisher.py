@@ -13,7 +13,12 @@
    that every change with commit ts <= ts was sent.
 4. Delivery failures are kept (`errors`) and reported by `flush`; the producer
    retries by itself (idempotence keeps order and avoids duplicates). A record
-   acknowledged without an offset is produced again (`_delivered`).
+   acknowledged without an offset is produced again: its delivery callback
+   only queues it (`_delivered`), and whoever polls the producer next produces
+   it (`_produce_again`): the publisher thread after its poll, `flush` and
+   `close` before they report everything delivered. Never from inside the
+   callback, where a full producer queue could only wait on the very thread
+   that serves the reports which would empty it.
 """
 
 from __future__ import annotations
@@ -63,6 +68,8 @@ class LogtailPublisher:
         self._thread = threading.Thread(target=self._run, name="kwal-logtail", daemon=True)
         self._idle = threading.Event()
         self._idle.set()
+        # (topic, value) of records acknowledged without an offset, to produce again
+        self._again: queue.SimpleQueue[tuple[str, bytes]] = queue.SimpleQueue()
         ensure_topics(cfg, [])  # fail early when Kafka is not reachable
         for name in self._live:
             self._ensure_table_topic(name)
@@ -102,12 +109,20 @@ class LogtailPublisher:
             if time.monotonic() > deadline:
                 return False
             time.sleep(0.005)
-        return self._producer.flush(max(0.0, deadline - time.monotonic())) == 0
+        return self._flush_producer(deadline)
+
+    def _flush_producer(self, deadline: float) -> bool:
+        """Until every record produced (and every copy produced again) is delivered."""
+        while True:
+            if self._producer.flush(max(0.0, deadline - time.monotonic())) != 0:
+                return False
+            if not self._produce_again():
+                return True
 
     def close(self, timeout_s: float = 10.0) -> None:
         self._queue.put(_STOP)
         self._thread.join(timeout=timeout_s)
-        self._producer.flush(timeout_s)
+        self._flush_producer(time.monotonic() + timeout_s)
 
     # -- the publisher thread ----------------------------------------------------
 
@@ -123,7 +138,7 @@ class LogtailPublisher:
             published = False
             for it in items:
                 if it is _STOP:
-                    self._producer.flush(10)
+                    self._flush_producer(time.monotonic() + 10)
                     return
                 try:
                     if isinstance(it, int):
@@ -145,6 +160,7 @@ class LogtailPublisher:
                     self.cfg.topics.catalog, LogtailRecord("", "", self.published_ts, Heartbeat())
                 )
             self._producer.poll(0)
+            self._produce_again()
             if self._queue.empty():
                 self._idle.set()
 
@@ -217,4 +233,15 @@ class LogtailPublisher:
                 "logtail record on %s acknowledged without an offset; producing it again",
                 msg.topic(),
             )
-            self._produce_value(msg.topic(), msg.value())
+            self._again.put((msg.topic(), msg.value()))
+
+    def _produce_again(self) -> int:
+        """Produce the records `_delivered` queued (outside any delivery callback)."""
+        n = 0
+        while True:
+            try:
+                topic, value = self._again.get_nowait()
+            except queue.Empty:
+                return n
+            self._produce_value(topic, value)
+            n += 1
