@@ -153,14 +153,12 @@ class _SharedProducer:
         """Like Producer.flush, counting the sends queued with `again` as not delivered."""
         deadline = time.monotonic() + timeout
         while True:
-            left = self.producer.flush(max(0.0, deadline - time.monotonic()))
+            self.producer.flush(max(0.0, deadline - time.monotonic()))
             self.run_again()
             with self._again_lock:
-                pending = self._again_pending
-            if not pending and not left and len(self.producer) == 0:
-                return 0
-            if time.monotonic() >= deadline:
-                return left + pending
+                left = self._again_pending + len(self.producer)
+            if not left or time.monotonic() >= deadline:
+                return left
             time.sleep(0.005)
 
     @classmethod

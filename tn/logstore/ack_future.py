@@ -79,27 +79,26 @@ class AckFuture(Future[T], Generic[T]):
             LOGGER.exception("exception calling callback for %r", self)
 
     def set_result(self, result: T) -> None:
-        with _GUARD:
-            if self._state in _DONE:
-                raise InvalidStateError(f"{self._state}: {self!r}")
-            self._result = result
-            self._state = FINISHED
-            self._wake()
-        self._invoke_callbacks()
+        self._finish(result, None)
 
     def set_exception(self, exception: BaseException | None) -> None:
+        self._finish(None, exception)
+
+    def _finish(self, result: Any, exception: BaseException | None) -> None:
         with _GUARD:
             if self._state in _DONE:
                 raise InvalidStateError(f"{self._state}: {self!r}")
-            self._exception = exception
-            self._state = FINISHED
-            self._wake()
+            self._finish_locked(result, exception)
         self._invoke_callbacks()
 
-    def _wake(self) -> None:
-        """Under _GUARD: tell `concurrent.futures.wait` and blocked readers, if any."""
+    def _finish_locked(self, result: Any, exception: BaseException | None) -> None:
+        """Under _GUARD, the future not done: finish it, and tell `concurrent.futures.wait`
+        and blocked readers, if any. The caller runs the callbacks, outside the lock."""
+        self._result = result
+        self._exception = exception
+        self._state = FINISHED
         for waiter in self._waiters:
-            waiter.add_result(self) if self._exception is None else waiter.add_exception(self)
+            waiter.add_result(self) if exception is None else waiter.add_exception(self)
         cond = self.__dict__.get("_condition")
         if cond is not None:
             cond.notify_all()
@@ -138,10 +137,7 @@ def _settle(run: list[tuple[AckFuture[Any], Any]]) -> None:
         for future, value in run:
             if future._state in _DONE:
                 continue
-            future._result = value
-            future._state = FINISHED
-            if future._waiters or "_condition" in future.__dict__:
-                future._wake()
+            future._finish_locked(value, None)
             if future._done_callbacks:
                 ready.append(future)
     for future in ready:
