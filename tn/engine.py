@@ -39,6 +39,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from schemas.arrow_ipc import preload
 from schemas.wal import TableSchema
 from tn.catalog.catalog import Catalog
 from tn.catalog.nodes import TableNode
@@ -61,6 +62,7 @@ class Engine:
     def __init__(self, log: LogStore, *, commit_queue: int = 4096) -> None:
         """An empty engine writing its WAL to `log` (use `recover` for a log with entries).
         The engine does not own the log store: `close()` leaves it open."""
+        preload()
         self.log = log
         self.catalog = Catalog()
         self.clock = HybridClock()

@@ -33,7 +33,9 @@ from confluent_kafka import Consumer, KafkaError, TopicPartition
 from consumers.core.exceptions import AboveWatermarkError, NotSubscribedError, TableNotFoundError
 from consumers.core.table_state import TableState
 from infra.config import KwalConfig
+from infra.kafka_io import poll_batch
 from infra.objectstore import ObjectStore
+from schemas.arrow_ipc import preload
 from schemas.logtail import (
     BlockMeta,
     Catalog,
@@ -45,6 +47,11 @@ from schemas.logtail import (
 )
 
 CATALOG = "__catalog__"
+# How long the broker may hold a fetch that finds nothing new. The wait is also
+# the latency a record produced meanwhile can pay on the embedded broker: raw
+# produce-to-consume at 1k records/s measured p50 16 ms at 50 and 9 ms at 25
+# (DESIGN: 10 can stall on long partitions). The TN and the client use 25 too.
+FETCH_WAIT_MS = 25
 
 
 class CNCore:
@@ -225,12 +232,13 @@ class CN(CNCore):
             self._pending_assign.append(topic)
 
     def start(self) -> CN:
+        preload()
         self._consumer = Consumer(
             self.cfg.kafka_client(
                 **{
                     "group.id": self.group_id,
                     "enable.auto.commit": False,
-                    "fetch.wait.max.ms": 50,
+                    "fetch.wait.max.ms": FETCH_WAIT_MS,
                     "auto.offset.reset": "earliest",
                 }
             )
@@ -265,7 +273,7 @@ class CN(CNCore):
             if time.monotonic() >= next_commit:
                 self._commit()
                 next_commit = time.monotonic() + self._commit_interval_s
-            messages = self._consumer.consume(500, 0.05)
+            messages = poll_batch(self._consumer, 500, 0.05)
             records: list[tuple[str, int, LogtailRecord]] = []
             for m in messages:
                 err = m.error()

@@ -36,6 +36,7 @@ from tn.engine import Engine
 from tn.logstore.driver import LogStore
 from tn.logstore.memory_backend import MemoryDriver
 from tn.logtail.wiring import attach_logtail
+from tn.service.main import freeze_startup_heap
 
 ROWS_PER_TXN_APPLY = 100
 
@@ -218,6 +219,7 @@ def run(args: Any, cfg: KwalConfig) -> int:
             t.commit().result(30)
             cn = _RemoteCN(cfg, "bench.t")
             cn.wait_for(engine.visible_ts, timeout_s=30)
+            freeze_startup_heap()  # as `kwal tn run` does once it has started
             try:
                 for rate, key in ((1000, "1k"), (10000, "10k")):
                     phase = _latency_phase(engine, cn, rate, seconds, first_id=rate * 1_000_000)

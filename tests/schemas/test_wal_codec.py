@@ -138,6 +138,23 @@ def test_arrow_ipc_round_trip(table: pa.Table) -> None:
     assert back.equals(table)
 
 
+def _stream_writer_bytes(table: pa.Table) -> bytes:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return bytes(sink.getvalue().to_pybytes())
+
+
+@FEW
+@given(arrow_tables(), st.integers(0, 3))
+def test_table_to_ipc_writes_what_a_stream_writer_writes(table: pa.Table, cut: int) -> None:
+    """The one-batch fast path (schema message + batch message + end marker) and the
+    writer give the same bytes: for a table, a slice of it, and a table of two chunks."""
+    for t in (table, table.slice(min(cut, table.num_rows)), pa.concat_tables([table, table])):
+        assert table_to_ipc(t) == _stream_writer_bytes(t)
+        assert ipc_to_table(table_to_ipc(t)).equals(t)
+
+
 @FEW
 @given(st.data())
 def test_append_batch_decodes_to_its_table(data: st.DataObject) -> None:

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pyarrow as pa
 import pytest
 
+from infra.processes import REPO
 from tests.tn.helpers import new_engine, setup_table
 from tn.exceptions import ConflictError, EngineClosedError, TxnClosedError, ValidationError
 
@@ -286,3 +290,26 @@ def test_close_refuses_new_work():
         e.begin()
     with pytest.raises(EngineClosedError):
         txn.commit().result(timeout=10)
+
+
+def test_the_first_commit_imports_nothing_more():
+    """The engine pays pyarrow's lazy imports (pandas, ~0.4 s) when it is made, not
+    inside the first transaction that carries rows (a fresh interpreter, so nothing
+    is imported already)."""
+    code = """
+import sys
+from tn.engine import Engine
+from tn.logstore.driver import LogStore
+from tn.logstore.memory_backend import MemoryDriver
+e = Engine(LogStore(MemoryDriver()))
+t = e.begin(); t.create_database("db")
+t.create_table("db", "t", [("id", "int64"), ("v", "string")], "id"); t.commit().result(30)
+before = set(sys.modules)
+t = e.begin(); t.insert("db", "t", [{"id": 1, "v": "a"}]); t.commit().result(30)
+print(sorted(set(sys.modules) - before))
+"""
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"

@@ -16,13 +16,12 @@ import logging
 
 import pyarrow as pa
 
-from schemas.arrow_ipc import table_to_ipc
+from schemas.arrow_ipc import batch_to_ipc, schema_message, table_to_ipc
 from schemas.wal import TableSchema
 from tn.txn.rows import Batch, arrow_schema
 
 log = logging.getLogger(__name__)
 
-END_OF_STREAM = b"\xff\xff\xff\xff\x00\x00\x00\x00"
 _SMALL = 256  # rows; bigger batches are serialized on their own
 
 _schema_bytes: dict[int, tuple[TableSchema, bytes]] = {}  # by id(schema), see rows.arrow_schema
@@ -33,7 +32,7 @@ def _schema_message(schema: TableSchema) -> bytes:
     if e is None or e[0] is not schema:
         if len(_schema_bytes) > 4096:
             _schema_bytes.clear()
-        b = arrow_schema(schema).serialize().to_pybytes()
+        b = schema_message(arrow_schema(schema))
         _schema_bytes[id(schema)] = (schema, b)
         return b
     return e[1]
@@ -66,5 +65,5 @@ def serialize(batches: list[Batch]) -> None:
         head = _schema_message(schema)
         off = 0
         for b in group:
-            b.ipc = head + rb.slice(off, b.n).serialize().to_pybytes() + END_OF_STREAM
+            b.ipc = batch_to_ipc(head, rb.slice(off, b.n))
             off += b.n

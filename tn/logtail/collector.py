@@ -103,12 +103,11 @@ def collect(entry: WalEntry, view: CatalogView) -> tuple[list[LogtailRecord], li
             batch = ipc_to_table(cmd.batch, validate=False)
             for info in cmd.infos:
                 part = batch.slice(info.src_offset, info.src_length)
-                block = info.dest.block_id
-                ids = pa.array(
-                    [make_row_id(block, info.dest_offset + i) for i in range(info.dest_length)],
-                    pa.int64(),
+                first = make_row_id(info.dest.block_id, info.dest_offset)  # offsets are contiguous
+                ids = pa.array(range(first, first + info.dest_length), pa.int64())
+                part = part.add_column(
+                    0, COMMIT_TS, pa.repeat(pa.scalar(cts, pa.int64()), part.num_rows)
                 )
-                part = part.add_column(0, COMMIT_TS, pa.array([cts] * part.num_rows, pa.int64()))
                 target = changes_of(info.dest.table_id)
                 if target is not None:
                     target.inserts.append(part.add_column(0, ROW_ID, ids))
