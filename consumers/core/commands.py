@@ -12,6 +12,7 @@ from confluent_kafka import Consumer, TopicPartition
 from consumers.core.cn import CN
 from consumers.core.exceptions import CNError
 from infra.config import KwalConfig
+from infra.kafka_io import poll_batch
 from infra.objectstore import open_store
 from schemas.arrow_ipc import ipc_to_table
 from schemas.logtail import BlockMeta, Changes, Checkpoint, Heartbeat, LogtailRecord, decode_logtail
@@ -51,7 +52,7 @@ def run_tail(args: Any, cfg: KwalConfig) -> int:
     deadline = time.monotonic() + args.seconds if args.seconds else None
     try:
         while deadline is None or time.monotonic() < deadline:
-            for m in consumer.consume(100, 0.2):
+            for m in poll_batch(consumer, 100, 0.2):
                 if m.error() is not None:
                     continue
                 record = decode_logtail(m.value() or b"")

@@ -28,6 +28,7 @@ import pyarrow as pa
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
 from consumers.spark.offsets import OffsetRange, TopicPartitionKey
+from infra.kafka_io import poll_batch
 
 
 class KafkaSourceError(RuntimeError):
@@ -177,7 +178,7 @@ class EndFinder:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     break
-                for m in c.consume(10000, min(0.02, left)):
+                for m in poll_batch(c, 10000, min(0.02, left)):
                     key = (str(m.topic()), int(m.partition() or 0))
                     err = m.error()
                     if key not in best:
