@@ -38,6 +38,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 
 from infra.config import KwalConfig
 from infra.kafka_io import poll_batch
+from infra.queues import drain
 from producers.exceptions import (
     ClientClosedError,
     ProducerError,
@@ -138,11 +139,7 @@ class _SharedProducer:
         self._again.put(send)
 
     def run_again(self) -> None:
-        while True:
-            try:
-                send = self._again.get_nowait()
-            except queue.Empty:
-                return
+        for send in drain(self._again):
             try:
                 send()
             finally:

@@ -32,6 +32,7 @@ from typing import Any
 from confluent_kafka import KafkaError, Producer
 
 from infra.config import KwalConfig
+from infra.queues import drain
 from infra.topics import ensure_topics, logtail_topic
 from schemas.logtail import Catalog, CatalogOp, Heartbeat, LogtailRecord, encode_logtail
 from schemas.wal import WalEntry
@@ -128,13 +129,8 @@ class LogtailPublisher:
 
     def _run(self) -> None:
         while True:
-            item = self._queue.get()
-            items = [item]
-            while True:  # take everything queued: one poll/flush cycle per group
-                try:
-                    items.append(self._queue.get_nowait())
-                except queue.Empty:
-                    break
+            # take everything queued: one poll/flush cycle per group
+            items = [self._queue.get(), *drain(self._queue)]
             published = False
             for it in items:
                 if it is _STOP:
@@ -238,10 +234,7 @@ class LogtailPublisher:
     def _produce_again(self) -> int:
         """Produce the records `_delivered` queued (outside any delivery callback)."""
         n = 0
-        while True:
-            try:
-                topic, value = self._again.get_nowait()
-            except queue.Empty:
-                return n
+        for topic, value in drain(self._again):
             self._produce_value(topic, value)
             n += 1
+        return n

@@ -93,6 +93,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, To
 from infra.config import KwalConfig
 from infra.kafka_io import poll_batch
 from infra.metrics import METRICS
+from infra.queues import drain
 from schemas.exceptions import CodecError, UnsupportedFormatError
 from schemas.requests import (
     Kind,
@@ -605,11 +606,7 @@ class TnService:
                 )
 
     def _drain_retries(self) -> None:
-        while True:
-            try:
-                m = self._retries.get_nowait()
-            except queue.Empty:
-                return
+        for m in drain(self._retries):
             try:
                 self._execute(m.req, m.offset)
             except Exception as e:  # noqa: BLE001
