@@ -26,12 +26,15 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from infra.config import KwalConfig
 from infra.doctor import probe
 from infra.stack import StackState, start_stack, stop_stack
 from infra.topics import ensure_topics
+
+if TYPE_CHECKING:
+    from consumers.core.cn import CN
 
 TABLES = {
     "shop.orders": ([("id", "int64"), ("customer", "string"), ("amount", "float64")], "id"),
@@ -159,6 +162,7 @@ def _demo(args: Any, cfg: KwalConfig, workdir: Path) -> dict[str, Any]:
     say("starting the TN")
     tn.start(timeout_s=120)
     cn: CN | None = None
+    cns: dict[str, CN] = {}  # name -> a CN to compare with the TN
     try:
         with Client(cfg, "demo-admin") as admin:
             t = admin.begin()
@@ -172,6 +176,7 @@ def _demo(args: Any, cfg: KwalConfig, workdir: Path) -> dict[str, Any]:
         say(f"created {', '.join(TABLES)}")
         store = open_store(cfg.objectstore)
         cn = CN(cfg, list(TABLES), store).start()
+        cns["CN"] = cn
 
         tally = Tally()
         say(f"{services} producer services x {per_service} transactions (hot rows: conflicts expected)")
@@ -197,15 +202,21 @@ def _demo(args: Any, cfg: KwalConfig, workdir: Path) -> dict[str, Any]:
         say("stopping the TN")
         tn.terminate()
         cn_mark = cn.watermark()
+        late = CN(cfg, list(TABLES), store).start()
+        cns["late CN"] = late
+        if not late.wait_for(cn_mark, timeout_s=60):
+            say(f"the late CN did not reach ts {cn_mark} (at {late.watermark()}): {late.errors}")
+        say(f"a late CN bootstrapped from the checkpoint at ts {late.horizon} and caught up")
+        report["late_cn_horizon"] = late.horizon
         spark_report = _spark_cn(cfg, workdir)
-        engine_ok, details = _compare(cfg, cn, spark_report)
+        engine_ok, details = _compare(cfg, cns, spark_report)
         report.update(details)
         report["cn_watermark"] = cn_mark
         report["agree"] = engine_ok
         return report
     finally:
-        if cn is not None:
-            cn.close()
+        for each in cns.values():
+            each.close()
         tn.kill()
 
 
@@ -250,7 +261,9 @@ def _spark_cn(cfg: KwalConfig, workdir: Path) -> dict[str, Any] | None:
         spark.stop()
 
 
-def _compare(cfg: KwalConfig, cn: Any, spark: dict[str, Any] | None) -> tuple[bool, dict[str, Any]]:
+def _compare(
+    cfg: KwalConfig, cns: dict[str, CN], spark: dict[str, Any] | None
+) -> tuple[bool, dict[str, Any]]:
     """Rebuild the TN from its WAL and compare every CN at its watermark."""
     from tn.checkpoint.wiring import recover_from_config
     from tn.logstore.driver import LogStore
@@ -263,12 +276,15 @@ def _compare(cfg: KwalConfig, cn: Any, spark: dict[str, Any] | None) -> tuple[bo
     try:
         for name in TABLES:
             db, _, table = name.partition(".")
-            mark = cn.watermark(name)
-            tn_rows = engine.read(db, table, mark).to_pylist()
-            cn_rows = cn.snapshot(name, mark).to_pylist()
-            same = tn_rows == cn_rows
-            ok &= same
-            details[f"{name} rows (TN=CN)"] = f"{len(tn_rows)}={len(cn_rows)} {'agree' if same else 'DIFFER'}"
+            for label, cn in cns.items():
+                mark = cn.watermark(name)
+                tn_rows = engine.read(db, table, mark).to_pylist()
+                cn_rows = cn.snapshot(name, mark).to_pylist()
+                same = tn_rows == cn_rows
+                ok &= same
+                details[f"{name} rows (TN={label})"] = (
+                    f"{len(tn_rows)}={len(cn_rows)} {'agree' if same else 'DIFFER'}"
+                )
             if spark is not None and name in spark.get("tables", {}):
                 s = spark["tables"][name]
                 spark_rows = engine.read(db, table, s["watermark"]).to_pylist()

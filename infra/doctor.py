@@ -13,6 +13,7 @@ broker it breaks the connection.
 from __future__ import annotations
 
 import json
+import logging
 import sys
 import threading
 import time
@@ -31,6 +32,8 @@ from confluent_kafka import (
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from infra.config import KwalConfig
+
+log = logging.getLogger(__name__)
 
 WORKS, MISSING, UNKNOWN = "works", "missing", "unknown"
 
@@ -95,6 +98,19 @@ def probe_one(cfg: KwalConfig, feature: str, timeout_s: float = 10.0) -> Probe:
     with _cache_lock:
         _one_cache[(cfg.bootstrap, feature)] = result
     return result
+
+
+def deletes_records(cfg: KwalConfig, what: str) -> bool:
+    """Whether `what` (the WAL, the logtail) may be truncated with DeleteRecords.
+
+    Conservative: False when the probe fails (truncation is then logical only;
+    the embedded broker breaks the connection on DeleteRecords).
+    """
+    try:
+        return probe_one(cfg, "delete_records").works
+    except Exception as e:  # noqa: BLE001 - a failing probe means "don't"
+        log.warning("kwal doctor probe failed (%s); %s truncation will be logical only", e, what)
+        return False
 
 
 # feature name -> the _Prober method that tries it

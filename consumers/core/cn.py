@@ -17,12 +17,29 @@ Protocol (seed 001, "Push", adapted to Kafka topics):
    `<prefix>.cn.<name>`, only so that operators can see the lag (`kwal ops
    status`); the CN itself never reads them back.
 
+Pull (seed 001, "拉取"): a CN given the object store starts from the newest
+checkpoint instead of offset 0 (`bootstrap`):
+
+a. load the manifest and the catalog snapshot it names: every subscribed table
+   alive at the checkpoint's ts t1 gets its schema history, its lifetime and
+   its object-storage blocks (rows and deletes with ts <= t1), and the
+   watermarks start at t1 (the CN's horizon: reads below it are refused);
+b. follow the catalog topic and each table topic from the manifest's logtail
+   offsets: every record with commit ts > t1 lies at or above them
+   (tn.logtail.publisher, step 5); records at or below t1 met there are in the
+   objects already and are skipped, heartbeats aside;
+c. when a topic answers that the CN's position was truncated away (it lagged
+   more than a checkpoint interval behind, or retention deleted records), the
+   CN bootstraps again from the newest checkpoint, whose t1 is above anything
+   the lagging topic could still have told it: the watermark moves forward.
+
 `apply(record)` is public so that any transport (Kafka here, Spark's
 foreachBatch, a test) can drive the same state.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -30,8 +47,14 @@ from collections.abc import Callable, Iterable
 import pyarrow as pa
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
-from consumers.core.exceptions import AboveWatermarkError, NotSubscribedError, TableNotFoundError
-from consumers.core.table_state import TableState
+from consumers.core.exceptions import (
+    AboveWatermarkError,
+    BelowHorizonError,
+    BootstrapError,
+    NotSubscribedError,
+    TableNotFoundError,
+)
+from consumers.core.table_state import BlockObject, TableState
 from infra.config import KwalConfig
 from infra.kafka_io import poll_batch
 from infra.objectstore import ObjectStore
@@ -42,11 +65,18 @@ from schemas.logtail import (
     CatalogOp,
     Changes,
     Checkpoint,
+    Heartbeat,
     LogtailRecord,
     decode_logtail,
 )
+from tn.checkpoint.manifest import CatalogSnapshot, Manifest, newest_manifest, schema_in
+
+log = logging.getLogger(__name__)
 
 CATALOG = "__catalog__"
+# What the consumer reports, with auto.offset.reset=error, for a position below the
+# partition's first record.
+_TRUNCATED = (KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE)
 # How long the broker may hold a fetch that finds nothing new. The wait is also
 # the latency a record produced meanwhile can pay on the embedded broker: raw
 # produce-to-consume at 1k records/s measured p50 16 ms at 50 and 9 ms at 25
@@ -65,6 +95,7 @@ class CNCore:
         self.marks: dict[str, int] = {}  # name -> its topic's watermark
         self.last_lsn: dict[str, int] = {}  # name -> LSN of the last applied Changes
         self.catalog_watermark = 0
+        self.horizon = 0  # the ts of the checkpoint this CN bootstrapped from (0: none)
         self.last_checkpoint: tuple[int, str] | None = None
         self.on_table_created: Callable[[str], None] = lambda _name: None
         # Called with the CN watermark after each applied batch, under the lock (keep it quick).
@@ -99,8 +130,41 @@ class CNCore:
         if self.on_watermark is not None:
             self.on_watermark(self._watermark(None))
 
+    def bootstrap(self, manifest: Manifest, snapshot: CatalogSnapshot) -> list[str]:
+        """Replace all state by the checkpoint's (steps a-b of the module docstring);
+        returns the subscribed tables alive at its ts, whose topics are to be followed."""
+        t1 = snapshot.ts
+        with self._lock:
+            self.tables.clear()
+            self.marks.clear()
+            self.last_lsn.clear()
+            self.horizon = self.catalog_watermark = t1
+            self.last_checkpoint = (t1, manifest.key)
+            databases = {d["id"]: d["name"] for d in snapshot.databases}
+            alive: dict[int, TableState] = {}
+            for t in snapshot.tables:
+                key = f"{databases[t['db_id']]}.{t['name']}"
+                if key not in self.subscribed or t["delete_ts"]:
+                    continue  # a table dropped at or before t1 cannot be read at or after it
+                state = self._version(key, t["id"])
+                state.create_ts = t["create_ts"]
+                state.schemas = [(int(ts), schema_in(s)) for ts, s in t["schemas"]]
+                alive[t["id"]] = state
+                self.marks[key] = t1
+                self.last_lsn[key] = manifest.lsn
+            for b in snapshot.blocks:
+                owner = alive.get(b.table_id)
+                if owner is None or not b.meta_loc:
+                    continue
+                meta = BlockMeta(b.id, b.meta_loc, b.data_ts + 1, b.delta_loc, b.create_ts, b.delete_ts)
+                owner.blocks[b.id] = BlockObject(meta)
+            self._applied()
+            return [f"{s.database}.{s.name}" for s in alive.values()]
+
     def _apply(self, record: LogtailRecord) -> None:
         body = record.body
+        if record.commit_ts <= self.horizon and not isinstance(body, Heartbeat):
+            return  # in the checkpoint this CN bootstrapped from
         key = f"{record.database}.{record.table}"
         if isinstance(body, Catalog):
             self._apply_catalog(record, body)
@@ -175,6 +239,11 @@ class CNCore:
                 raise AboveWatermarkError(
                     f"{table} as of ts {ts} is not available: this CN has applied changes up to {mark}"
                 )
+            if ts < self.horizon:
+                raise BelowHorizonError(
+                    f"{table} as of ts {ts} is not available: this CN started from the checkpoint "
+                    f"at ts {self.horizon} and holds no history before it"
+                )
             for state in self.tables.get(table, ()):
                 if state.create_ts and state.alive_at(ts):
                     return state.snapshot(ts, self._load)
@@ -207,9 +276,14 @@ class CN(CNCore):
         *,
         name: str = "default",
         commit_interval_s: float = 1.0,
+        bootstrap: bool = True,
     ) -> None:
+        """With a `store` (and `bootstrap`), start from its newest checkpoint (Pull);
+        without one, read every topic from its first record."""
         super().__init__(tables, store.get if store is not None else None)
         self.cfg = cfg
+        self.store = store
+        self._bootstrap = bootstrap
         self.name = name
         self.group_id = f"{cfg.topics.prefix}.cn.{name}"
         self._commit_interval_s = commit_interval_s
@@ -221,6 +295,9 @@ class CN(CNCore):
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self.errors: list[str] = []
+        self.bootstraps = 0  # how often step c happened
+        self._offsets: dict[str, int] = {}  # the bootstrap checkpoint's logtail offsets
+        self.started_from: dict[str, int] = {}  # positions set by the last bootstrap
         self.on_table_created = self._follow
 
     def _follow(self, table: str) -> None:
@@ -228,18 +305,47 @@ class CN(CNCore):
         topic = self.cfg.topics.logtail(database, name)
         if topic not in self._topic_table:
             self._topic_table[topic] = table
-            self.positions.setdefault(topic, 0)
+            self.positions.setdefault(topic, self._offsets.get(topic, 0))
             self._pending_assign.append(topic)
+
+    def _bootstrap_from_store(self) -> Manifest | None:
+        """Steps a-b: state and positions from the newest checkpoint (None: there is none)."""
+        assert self.store is not None
+        try:
+            manifest = newest_manifest(self.store)
+            if manifest is None:
+                return None
+            snapshot = CatalogSnapshot.decode(self.store.get(manifest.catalog))
+        except Exception as e:
+            raise BootstrapError(
+                f"cannot read the newest checkpoint from the object store: {type(e).__name__}: {e}"
+            ) from e
+        alive = self.bootstrap(manifest, snapshot)
+        offsets = self._offsets = manifest.logtail_offsets
+        with self._lock:
+            self.positions = {self.cfg.topics.catalog: offsets.get(self.cfg.topics.catalog, 0)}
+            self._topic_table.clear()
+            for table in alive:
+                database, _, name = table.partition(".")
+                topic = self.cfg.topics.logtail(database, name)
+                self._topic_table[topic] = table
+                self.positions[topic] = offsets.get(topic, 0)
+            self._pending_assign = []
+            self.started_from = dict(self.positions)
+        return manifest
 
     def start(self) -> CN:
         preload()
+        if self.store is not None and self._bootstrap:
+            self._bootstrap_from_store()
         self._consumer = Consumer(
             self.cfg.kafka_client(
                 **{
                     "group.id": self.group_id,
                     "enable.auto.commit": False,
                     "fetch.wait.max.ms": FETCH_WAIT_MS,
-                    "auto.offset.reset": "earliest",
+                    # never skip silently over records truncated away: step c
+                    "auto.offset.reset": "error",
                 }
             )
         )
@@ -275,10 +381,13 @@ class CN(CNCore):
                 next_commit = time.monotonic() + self._commit_interval_s
             messages = poll_batch(self._consumer, 500, 0.05)
             records: list[tuple[str, int, LogtailRecord]] = []
+            truncated: list[str] = []
             for m in messages:
                 err = m.error()
                 if err is not None:
-                    if err.code() != KafkaError._PARTITION_EOF:
+                    if err.code() in _TRUNCATED:
+                        truncated.append(m.topic() or "")
+                    elif err.code() != KafkaError._PARTITION_EOF:
                         self.errors.append(str(err))
                     continue
                 try:
@@ -291,11 +400,55 @@ class CN(CNCore):
                         self._apply(record)
                         self.positions[topic] = max(self.positions.get(topic, 0), offset + 1)
                     self._applied()
+            if truncated:
+                self._bootstrap_again(truncated)
+                continue
             if self._pending_assign:
                 topics, self._pending_assign = self._pending_assign, []
                 self._consumer.incremental_assign(
                     [TopicPartition(t, 0, self.positions.get(t, 0)) for t in topics]
                 )
+
+    def _bootstrap_again(self, topics: list[str]) -> None:
+        """Step c: the records at this CN's position on `topics` are gone."""
+        assert self._consumer is not None
+        where = ", ".join(f"{t}@{self.positions.get(t, 0)}" for t in topics)
+        if self.store is None:
+            self.errors.append(
+                f"the records at {where} were truncated away and this CN has no object store "
+                "to bootstrap from: give it the store the TN checkpoints to"
+            )
+            self._consumer.assign([])
+            self._stop.set()
+            return
+        before = self.watermark()
+        lost = {t: self.positions.get(t, 0) for t in topics}
+        try:
+            manifest = self._bootstrap_from_store()
+            if manifest is None:
+                raise BootstrapError("the object store holds no checkpoint")
+            stuck = [t for t, o in lost.items() if self.positions.get(t, o + 1) <= o]
+            if stuck:
+                raise BootstrapError(
+                    f"the newest checkpoint ({manifest.key}) starts {', '.join(stuck)} no later "
+                    "than the truncated position: the records after it were deleted before any "
+                    "checkpoint covered them (retention shorter than the checkpoint interval? "
+                    "see kwal ops retention)"
+                )
+        except BootstrapError as e:
+            self.errors.append(f"the records at {where} were truncated away; {e}")
+            self._consumer.assign([])
+            self._stop.set()
+            return
+        self.bootstraps += 1
+        log.warning(
+            "records at %s were truncated away: bootstrapped again from %s (watermark %d -> %d)",
+            where,
+            manifest.key,
+            before,
+            self.watermark(),
+        )
+        self._consumer.assign([TopicPartition(t, 0, o) for t, o in self.positions.items()])
 
     def close(self) -> None:
         self._stop.set()

@@ -46,7 +46,9 @@ def run_tail(args: Any, cfg: KwalConfig) -> int:
         print(f"kwal cn tail: --table must be db.table, got {args.table!r}", file=sys.stderr)
         return 2
     consumer = Consumer(cfg.kafka_client(**{"group.id": f"{cfg.topics.prefix}.tail",
-                                            "enable.auto.commit": False, "fetch.wait.max.ms": 50}))
+                                            "enable.auto.commit": False, "fetch.wait.max.ms": 50,
+                                            # a truncated start: from the first record kept
+                                            "auto.offset.reset": "earliest"}))
     consumer.assign([TopicPartition(cfg.topics.logtail(database, table), 0, 0)])
     show_heartbeats = bool(getattr(args, "heartbeats", False))
     deadline = time.monotonic() + args.seconds if args.seconds else None

@@ -17,3 +17,12 @@ class AboveWatermarkError(CNError):
 
 class NotSubscribedError(TableNotFoundError):
     """The CN was not asked to follow this table."""
+
+
+class BelowHorizonError(CNError):
+    """A read at a ts older than the checkpoint this CN bootstrapped from: the
+    objects hold the state as of that checkpoint, not the history before it."""
+
+
+class BootstrapError(CNError):
+    """The CN cannot (re)build its state from the object store's newest checkpoint."""

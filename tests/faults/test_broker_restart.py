@@ -8,35 +8,23 @@ import threading
 import time
 from pathlib import Path
 
-from infra.broker import start_broker
-from infra.config import KwalConfig, ObjectStoreConfig
-from infra.objectstore import S3Store
+from infra.config import KwalConfig
 from infra.processes import ServerProcess
-from infra.s3server import ACCESS_KEY, SECRET_KEY
 from infra.topics import ensure_topics
 from producers import Client, ProducerError
 from producers import TimeoutError as ClientTimeout
-from tests.conftest import LOG_DIR, unique
+from tests.conftest import unique
+from tests.faults.broker import RestartableBroker
 from tests.service.harness import recover_engine
 from tn.service.process import TnProcess
 
 COMMIT_TIMEOUT_S = 15  # well above the outage (3 s) and the TN's reconnect
 
 
-def _broker(endpoint: str, bucket: str, port: int | None = None) -> ServerProcess:
-    return start_broker(LOG_DIR, storage=f"s3://{bucket}/", s3_endpoint=endpoint,
-                        s3_access_key=ACCESS_KEY, s3_secret_key=SECRET_KEY, port=port)
-
-
 def test_broker_restart_under_load_loses_no_acknowledged_commit(
     s3_server: ServerProcess, tmp_path: Path
 ) -> None:
-    endpoint = f"http://{s3_server.address}"
-    bucket = unique("tansu-")
-    S3Store(bucket, "", ObjectStoreConfig(endpoint_url=endpoint, access_key_id=ACCESS_KEY,
-                                          secret_access_key=SECRET_KEY)).ensure_bucket()
-    broker = _broker(endpoint, bucket)
-    port = int(broker.address.rsplit(":", 1)[1])
+    broker = RestartableBroker(s3_server)
     cfg = KwalConfig.load(environ={}).with_bootstrap(broker.address)
     cfg.topics.prefix = unique("kwal-")
     cfg.wal.backend = "kafka"
@@ -82,7 +70,7 @@ def test_broker_restart_under_load_loses_no_acknowledged_commit(
                 before_outage = len(acked)
             broker.stop()
             time.sleep(3)  # the TN stalls: appends wait, nothing is acknowledged
-            broker = _broker(endpoint, bucket, port=port)
+            broker.restart()
             deadline = time.monotonic() + 60
             while time.monotonic() < deadline:
                 with lock:

@@ -1,6 +1,10 @@
 """Checkpoints (seed 003/004 "Checkpoint", DESIGN "Data flow" 6): numbered, idempotent steps.
 
-1. pick t1: a heartbeat's ts (no transaction is still committing below it);
+1. read the logtail's positions (`logtail_offsets`, the publisher's acknowledged
+   ends, merged over the previous manifest's), THEN pick t1: a heartbeat's ts (no
+   transaction is still committing below it). Read in that order, every logtail
+   record with commit ts > t1 lies at or above the positions (tn.logtail.publisher,
+   step 5): a CN bootstrapping from this checkpoint follows each topic from there;
 2. dump every block changed in (t0, t1] -- from the per-transaction memo of touched
    blocks -- to object storage: its rows with commit ts <= t1 (Parquet) and, when it
    has deletes, a delta object (cumulative, deletes with ts <= t1). Keys are derived
@@ -11,7 +15,9 @@
 4. write the catalog as of t1, then the manifest (t1, the LSN of the last transaction
    with commit ts <= t1, the objects) -- LAST: a manifest means a complete checkpoint;
    then push BlockMeta/Checkpoint records on the logtail topics (optional publisher);
-5. truncate the WAL up to that LSN.
+5. truncate the WAL up to that LSN, then the logtail topics below the PREVIOUS
+   checkpoint's positions (`truncate_logtail`): a CN lagging by less than one
+   checkpoint interval never loses its place; one lagging more bootstraps again.
 
 A crash between any two steps leaves either no new manifest (recovery uses the
 previous one and replays the WAL, which still has everything after it) or a
@@ -115,6 +121,8 @@ class CheckpointRunner:
         drop_memory: bool = True,
         hook: Callable[[str], None] | None = None,
         publish: Callable[[list[LogtailRecord]], None] | None = None,
+        logtail_offsets: Callable[[], dict[str, int]] | None = None,
+        truncate_logtail: Callable[[dict[str, int]], None] | None = None,
     ) -> None:
         self.engine = engine
         self.store = store
@@ -125,6 +133,8 @@ class CheckpointRunner:
         self.drop_memory = drop_memory
         self.hook = hook
         self.publish = publish
+        self.logtail_offsets = logtail_offsets
+        self.truncate_logtail = truncate_logtail
         self._lock = threading.Lock()
         self._run_lock = threading.Lock()
         self._touched: list[Touched] = list(touched or [])
@@ -175,7 +185,11 @@ class CheckpointRunner:
         store = self.store
         t0 = self.last.ts if self.last is not None else 0
         prev_lsn = self.last.lsn if self.last is not None else 0
-        # (1) pick t1
+        # (1) the logtail's positions, then t1 (in this order: see step 1 above)
+        offsets = dict(self.last.logtail_offsets) if self.last is not None else {}
+        if self.logtail_offsets is not None:
+            for topic, end in self.logtail_offsets().items():
+                offsets[topic] = max(offsets.get(topic, 0), end)
         t1 = eng.heartbeat().result()
         with self._lock:
             entries = [e for e in self._touched if t0 < e.cts <= t1]
@@ -246,7 +260,9 @@ class CheckpointRunner:
             for loc in (b.meta_loc, b.delta_loc):
                 if loc:
                     live[loc] = self._size(loc)
-        m = Manifest(t1, lsn, t0, ckey, live, written, {}, time.time(), eng.log.driver.identity())
+        m = Manifest(
+            t1, lsn, t0, ckey, live, written, offsets, time.time(), eng.log.driver.identity()
+        )
         store.put(m.key, m.encode())
         self._step("manifest")
         if self.publish is not None:
@@ -258,6 +274,12 @@ class CheckpointRunner:
         # (5) truncate
         if lsn > eng.log.truncated():
             eng.log.truncate(lsn)
+        if self.truncate_logtail is not None and self.last is not None:
+            try:
+                self.truncate_logtail(self.last.logtail_offsets)
+            except Exception as e:  # the logtail keeps its records; retried next time
+                log.exception("truncating the logtail topics failed")
+                self.errors.append(repr(e))
         self._step("truncate")
         self.last = m
         self._full_scan = False

@@ -19,6 +19,14 @@
    `close` before they report everything delivered. Never from inside the
    callback, where a full producer queue could only wait on the very thread
    that serves the reports which would empty it.
+5. `offsets()` is, per topic, one past the highest offset acknowledged so far.
+   A checkpoint reads it BEFORE it picks t1 (tn.checkpoint.runner, step 1):
+   every record acknowledged by then belongs to a transaction committed
+   before t1, and every later record lands at or above it (one producer, in-
+   order acknowledgements per partition; a record produced again gets a new,
+   higher offset). So the manifest's offsets are where a CN bootstrapping from
+   that checkpoint starts following (consumers.core.cn), and all below them
+   may be truncated once a later checkpoint exists.
 """
 
 from __future__ import annotations
@@ -71,6 +79,7 @@ class LogtailPublisher:
         self._idle.set()
         # (topic, value) of records acknowledged without an offset, to produce again
         self._again: queue.SimpleQueue[tuple[str, bytes]] = queue.SimpleQueue()
+        self._ends: dict[str, int] = {}  # topic -> 1 + highest acknowledged offset
         ensure_topics(cfg, [])  # fail early when Kafka is not reachable
         for name in self._live:
             self._ensure_table_topic(name)
@@ -96,6 +105,10 @@ class LogtailPublisher:
 
     def publish_checkpoint(self, records: list[LogtailRecord]) -> None:
         self.publish_records(records)
+
+    def offsets(self) -> dict[str, int]:
+        """Per topic, one past the highest offset acknowledged so far (step 5)."""
+        return dict(self._ends)
 
     # -- lifecycle ------------------------------------------------------------
 
@@ -230,6 +243,9 @@ class LogtailPublisher:
                 msg.topic(),
             )
             self._again.put((msg.topic(), msg.value()))
+        else:
+            topic = msg.topic()
+            self._ends[topic] = max(self._ends.get(topic, 0), msg.offset() + 1)
 
     def _produce_again(self) -> int:
         """Produce the records `_delivered` queued (outside any delivery callback)."""

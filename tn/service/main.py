@@ -104,7 +104,7 @@ def run(args: Any, cfg: KwalConfig) -> int:
     logtail = attach_logtail(
         engine, cfg, republish=(decode_entry(r.payload) for r in log.records())
     )
-    checkpoints = start_checkpoints(recovered, cfg, publish=logtail.publisher.publish_records)
+    checkpoints = start_checkpoints(recovered, cfg, logtail=logtail)
     service = TnService(cfg, engine)
     status = _status_publisher(cfg, log)
     if cfg.tn.metrics_port:

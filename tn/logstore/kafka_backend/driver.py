@@ -54,6 +54,7 @@ from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from infra.config import KwalConfig
+from infra.doctor import deletes_records
 from infra.topics import KEEP_FOREVER, TopicSpec, ensure_topics
 from tn.logstore.driver import LogClosedError, LogDriver, LogRecord
 from tn.logstore.kafka_backend.exceptions import (
@@ -89,23 +90,6 @@ from tn.logstore.kafka_backend.writer import GroupWriter, WriterSettings
 log = logging.getLogger(__name__)
 
 RetentionPolicy = Literal["refuse", "warn"]
-
-
-def broker_deletes_records(cfg: KwalConfig) -> bool:
-    """Whether the broker supports DeleteRecords, per `infra.doctor.probe` when it exists.
-
-    Conservative: False when the probe is missing or fails (truncation is then
-    logical only; the embedded broker breaks the connection on DeleteRecords).
-    """
-    try:
-        from infra import doctor
-    except ImportError:
-        return False
-    try:
-        return doctor.probe_one(cfg, "delete_records").works
-    except Exception as e:  # noqa: BLE001 - a failing probe means "don't"
-        log.warning("kwal doctor probe failed (%s); WAL truncation will be logical only", e)
-        return False
 
 
 def producer_conf(cfg: KwalConfig) -> dict[str, Any]:
@@ -225,7 +209,7 @@ class KafkaDriver(LogDriver):
         self._guard_retention(policy)
         # 7. base, then appends; watch for a newer epoch
         self._meta.record_base(self.epoch, self.writer_id, r.last_lsn)
-        self._deletes = broker_deletes_records(cfg) if delete_records is None else delete_records
+        self._deletes = deletes_records(cfg, "WAL") if delete_records is None else delete_records
         self.truncation_mode = "physical" if self._deletes else "logical"
         self._deleted_before: dict[int, int] = {}
         self._delete_target: dict[int, int] = {}
@@ -485,4 +469,4 @@ class KafkaDriver(LogDriver):
                 self._reader = None
 
 
-__all__ = ["KafkaDriver", "LogClosedError", "broker_deletes_records", "producer_conf"]
+__all__ = ["KafkaDriver", "LogClosedError", "producer_conf"]

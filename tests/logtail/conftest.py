@@ -1,0 +1,91 @@
+"""The logtail tests' TN: an engine on an in-memory log, its logtail on the session's
+broker, and a checkpoint runner that records the logtail's offsets and truncates it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from infra.config import KwalConfig
+from infra.objectstore import FolderStore, ObjectStore
+from infra.topics import ensure_topics
+from tn.checkpoint.manifest import Manifest
+from tn.checkpoint.runner import CheckpointRunner
+from tn.engine import Engine
+from tn.logstore.driver import LogStore
+from tn.logstore.memory_backend import MemoryDriver
+from tn.logtail.truncation import LogtailTruncator
+from tn.logtail.wiring import Logtail, attach_logtail
+from tn.txn.transaction import Transaction
+
+COLUMNS = [("id", "int64"), ("v", "string")]
+
+
+@dataclass
+class Tn:
+    engine: Engine
+    logtail: Logtail
+    runner: CheckpointRunner
+    truncator: LogtailTruncator
+    store: ObjectStore
+
+    def commit(self, fn: Callable[[Transaction], object]) -> int:
+        t = self.engine.begin()
+        fn(t)
+        return t.commit().result(30)
+
+    def create(self, *tables: str) -> int:
+        """Create database db and tables db.<name> (id int64 primary key, v string)."""
+
+        def ddl(t: Transaction) -> None:
+            t.create_database("db")
+            for name in tables:
+                t.create_table("db", name, COLUMNS, "id")
+
+        return self.commit(ddl)
+
+    def checkpoint(self) -> Manifest:
+        m = self.runner.checkpoint()
+        assert m is not None
+        assert self.runner.errors == []
+        return m
+
+    def close(self) -> None:
+        self.logtail.close()
+        self.engine.close()
+
+
+def start_tn(
+    cfg: KwalConfig, store: ObjectStore, heartbeats: bool = True, physical: bool | None = None
+) -> Tn:
+    ensure_topics(cfg)
+    cfg.tn.heartbeat_ms = 20
+    engine = Engine(LogStore(MemoryDriver()))
+    logtail = attach_logtail(engine, cfg, heartbeats=heartbeats)
+    truncator = LogtailTruncator(cfg, physical=physical)
+    runner = CheckpointRunner(
+        engine,
+        store,
+        publish=logtail.publisher.publish_records,
+        logtail_offsets=logtail.publisher.offsets,
+        truncate_logtail=truncator,
+    )
+    return Tn(engine, logtail, runner, truncator, store)
+
+
+@pytest.fixture(params=["folder", "s3"])
+def tn(request: pytest.FixtureRequest, kwal_config: KwalConfig, tmp_path: Path) -> Iterator[Tn]:
+    """On the local-folder store and on the S3 API (moto server)."""
+    store: ObjectStore
+    if request.param == "s3":
+        store = request.getfixturevalue("s3_store")
+    else:
+        store = FolderStore(tmp_path / "objects")
+    tn = start_tn(kwal_config, store)
+    yield tn
+    tn.close()
+
+
