@@ -25,9 +25,10 @@ import json
 import sys
 from typing import Any
 
-from confluent_kafka import KafkaException, Producer, TopicPartition
+from confluent_kafka import Producer, TopicPartition
 
 from infra.config import KwalConfig
+from infra.kafka_io import delete_records
 from infra.ops.checkpoints import last_checkpoint
 from infra.ops.walscan import OpsError, WalScan, admin_for, scan_wal
 from tn.logstore.kafka_backend.exceptions import KafkaLogError
@@ -85,17 +86,9 @@ def delete_prefixes(
     ]
     if not todo:
         return {}, []
-    admin = admin_for(cfg, timeout_s)
-    done: dict[int, int] = {}
-    errors: list[str] = []
-    futures = admin.delete_records(todo, request_timeout=timeout_s, operation_timeout=timeout_s)
-    for tp, fut in futures.items():
-        try:
-            fut.result(timeout=timeout_s)
-            done[tp.partition] = tp.offset
-        except KafkaException as e:
-            errors.append(f"DeleteRecords {tp.topic}/{tp.partition} before {tp.offset}: {e}")
-    return done, errors
+    done, failed = delete_records(admin_for(cfg, timeout_s), todo, timeout_s)
+    errors = [f"DeleteRecords {tp.topic}/{tp.partition} before {tp.offset}: {e}" for tp, e in failed]
+    return {tp.partition: tp.offset for tp in done}, errors
 
 
 def physical_supported(cfg: KwalConfig, timeout_s: float) -> tuple[bool, str]:

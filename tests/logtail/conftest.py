@@ -3,6 +3,7 @@ broker, and a checkpoint runner that records the logtail's offsets and truncates
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,6 +16,7 @@ from infra.topics import ensure_topics
 from tn.checkpoint.manifest import Manifest
 from tn.checkpoint.runner import CheckpointRunner
 from tn.engine import Engine
+from tn.exceptions import TnError
 from tn.logstore.driver import LogStore
 from tn.logstore.memory_backend import MemoryDriver
 from tn.logtail.truncation import LogtailTruncator
@@ -56,6 +58,39 @@ class Tn:
     def close(self) -> None:
         self.logtail.close()
         self.engine.close()
+
+
+def random_txn(
+    engine: Engine,
+    rng: random.Random,
+    step: int,
+    *,
+    keys: int,
+    alter: float,
+    droppable: tuple[str, ...] = ("a", "b"),
+    timeout_s: float = 30.0,
+) -> int | None:
+    """One seeded random transaction on db.a or db.b: a drop + re-create (3%, tables in
+    `droppable` only), an added column `c<step>` (up to `alter`), else updates of some
+    of `keys` keys and a delete of one. Its commit ts; None when it aborted."""
+    t = engine.begin()
+    table = rng.choice(["a", "b"])
+    try:
+        roll = rng.random()
+        if roll < 0.03 and table in droppable:
+            t.drop_table("db", table)
+            t.create_table("db", table, COLUMNS, "id")
+        elif roll < alter:
+            t.add_column("db", table, f"c{step}", "int64")
+        else:
+            sample = rng.sample(range(keys), rng.randint(1, 4))
+            for k in sample[:-1]:
+                t.update("db", table, [{"id": k, "v": f"s{step}"}])
+            t.delete("db", table, [sample[-1]])
+        return t.commit().result(timeout_s)
+    except TnError:
+        t.rollback()
+        return None
 
 
 def start_tn(

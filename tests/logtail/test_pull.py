@@ -14,33 +14,20 @@ from consumers.core.cn import CN
 from consumers.core.exceptions import BelowHorizonError
 from infra import doctor
 from infra.config import KwalConfig
-from tests.logtail.conftest import COLUMNS, Tn
+from tests.logtail.conftest import Tn, random_txn
 from tn.checkpoint.compaction import compact_block
 from tn.checkpoint.manifest import newest_manifest
-from tn.exceptions import TnError
 from tn.memtable.block import BLOCK_ROWS
 
 
 def _random_steps(tn: Tn, rng: random.Random, steps: int, stamps: list[int]) -> None:
-    """Seeded DML on db.a and db.b, with the odd drop + re-create and add column."""
-    for step in range(steps):
-        t = tn.engine.begin()
-        table = rng.choice(["a", "b"])
-        try:
-            roll = rng.random()
-            if roll < 0.03 and table == "b":
-                t.drop_table("db", table)
-                t.create_table("db", table, COLUMNS, "id")
-            elif roll < 0.06:
-                t.add_column("db", table, f"c{rng.randrange(10**6)}", "int64")
-            else:
-                keys = rng.sample(range(60), rng.randint(1, 4))
-                for k in keys[:-1]:
-                    t.update("db", table, [{"id": k, "v": f"s{step}"}])
-                t.delete("db", table, [keys[-1]])
-            stamps.append(t.commit().result(30))
-        except TnError:
-            t.rollback()
+    """Seeded DML on db.a and db.b, with the odd add column, and drop + re-create of b
+    (db.a keeps the compacted block). A column's name comes from the count of commits
+    so far, unique across calls."""
+    for _ in range(steps):
+        ts = random_txn(tn.engine, rng, len(stamps), keys=60, alter=0.06, droppable=("b",))
+        if ts is not None:
+            stamps.append(ts)
 
 
 def test_late_cn_bootstraps_after_checkpoints_and_truncation(tn: Tn, kwal_config: KwalConfig) -> None:

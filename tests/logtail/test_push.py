@@ -14,6 +14,7 @@ from infra.config import KwalConfig
 from infra.topics import ensure_topics
 from schemas.logtail import Changes, decode_logtail
 from tests.delivery import NoOffset
+from tests.logtail.conftest import random_txn
 from tn.engine import Engine
 from tn.logstore.driver import LogStore
 from tn.logstore.memory_backend import MemoryDriver
@@ -87,8 +88,6 @@ def test_random_workload_cn_equals_tn_at_every_ts(tn, kwal_config: KwalConfig) -
     commit ts up to its watermark, and a second CN reading everything again agrees."""
     import random
 
-    from tn.exceptions import TnError
-
     engine, pub = tn
     rng = random.Random(7)
     t = engine.begin()
@@ -98,23 +97,9 @@ def test_random_workload_cn_equals_tn_at_every_ts(tn, kwal_config: KwalConfig) -
     t.commit().result(10)
     stamps: list[int] = []
     for step in range(150):
-        t = engine.begin()
-        table = rng.choice(["a", "b"])
-        try:
-            roll = rng.random()
-            if roll < 0.03:
-                t.drop_table("db", table)
-                t.create_table("db", table, [("id", "int64"), ("v", "string")], "id")
-            elif roll < 0.05:
-                t.add_column("db", table, f"c{step}", "int64")
-            else:
-                keys = rng.sample(range(40), rng.randint(1, 4))
-                for k in keys[:-1]:
-                    t.update("db", table, [{"id": k, "v": f"s{step}"}])
-                t.delete("db", table, [keys[-1]])
-            stamps.append(t.commit().result(10))
-        except TnError:
-            t.rollback()
+        ts = random_txn(engine, rng, step, keys=40, alter=0.05, timeout_s=10)
+        if ts is not None:
+            stamps.append(ts)
     final = engine.heartbeat().result(10)
     cns = [CN(kwal_config, ["db.a", "db.b"]).start() for _ in range(2)]
     try:

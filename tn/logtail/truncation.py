@@ -21,10 +21,11 @@ from __future__ import annotations
 
 import logging
 
-from confluent_kafka import KafkaException, TopicPartition
+from confluent_kafka import TopicPartition
 
 from infra.config import KwalConfig
 from infra.doctor import deletes_records
+from infra.kafka_io import delete_records
 from infra.topics import admin_client
 
 log = logging.getLogger(__name__)
@@ -56,18 +57,13 @@ class LogtailTruncator:
         ]
         if not todo:
             return
-        admin = admin_client(self.cfg)
-        futures = admin.delete_records(
-            todo, request_timeout=self.timeout_s, operation_timeout=self.timeout_s
-        )
-        for tp, fut in futures.items():
-            try:
-                fut.result(timeout=self.timeout_s)
-                self.deleted_before[tp.topic] = tp.offset
-            except KafkaException as e:
-                log.warning(
-                    "DeleteRecords %s before %s failed (retried at the next checkpoint): %s",
-                    tp.topic,
-                    tp.offset,
-                    e,
-                )
+        done, failed = delete_records(admin_client(self.cfg), todo, self.timeout_s)
+        for tp in done:
+            self.deleted_before[tp.topic] = tp.offset
+        for tp, e in failed:
+            log.warning(
+                "DeleteRecords %s before %s failed (retried at the next checkpoint): %s",
+                tp.topic,
+                tp.offset,
+                e,
+            )

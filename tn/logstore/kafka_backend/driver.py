@@ -55,6 +55,7 @@ from confluent_kafka.admin import AdminClient
 
 from infra.config import KwalConfig
 from infra.doctor import deletes_records
+from infra.kafka_io import delete_records
 from infra.topics import KEEP_FOREVER, TopicSpec, ensure_topics
 from tn.logstore.driver import LogClosedError, LogDriver, LogRecord
 from tn.logstore.kafka_backend.exceptions import (
@@ -415,18 +416,16 @@ class KafkaDriver(LogDriver):
         ]
         if not todo:
             return
-        futures = self._admin.delete_records(todo, request_timeout=self._timeout)
-        for tp, fut in futures.items():
-            try:
-                fut.result(timeout=self._timeout)
-                self._deleted_before[tp.partition] = tp.offset
-            except KafkaException as e:
-                log.warning(
-                    "DeleteRecords %s/%s failed (retried at the next truncate): %s",
-                    tp.topic,
-                    tp.partition,
-                    e,
-                )
+        done, failed = delete_records(self._admin, todo, self._timeout)
+        for tp in done:
+            self._deleted_before[tp.partition] = tp.offset
+        for tp, e in failed:
+            log.warning(
+                "DeleteRecords %s/%s failed (retried at the next truncate): %s",
+                tp.topic,
+                tp.partition,
+                e,
+            )
 
     @staticmethod
     def physical_truncation_plan(infos: list[RecordInfo], lsn: int) -> dict[int, int]:
