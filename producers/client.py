@@ -107,6 +107,32 @@ def to_arrow(rows: Rows, columns: Sequence[str] | None = None) -> pa.Table:
 # ---- process-wide Kafka plumbing ------------------------------------------------------------
 
 
+def client_producer_conf(cfg: KwalConfig) -> dict[str, Any]:
+    """The requests producer's settings (one producer per process, shared by its Clients)."""
+    return cfg.kafka_client(
+        **{
+            "linger.ms": 2,
+            "acks": "all",
+            "enable.idempotence": True,
+            "queue.buffering.max.messages": 200_000,
+        }
+    )
+
+
+def results_reader_conf(cfg: KwalConfig) -> dict[str, Any]:
+    """The results reader's settings (assigned at the end, never committed)."""
+    return cfg.kafka_client(
+        **{
+            "group.id": f"kwal-producers-{uuid.uuid4().hex[:8]}",
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            "fetch.wait.max.ms": FETCH_WAIT_MS,
+            "fetch.min.bytes": 1,
+            "enable.partition.eof": False,
+        }
+    )
+
+
 class _SharedProducer:
     """One producer per (Kafka settings) per process, with a poll thread.
 
@@ -160,14 +186,7 @@ class _SharedProducer:
 
     @classmethod
     def get(cls, cfg: KwalConfig) -> _SharedProducer:
-        conf = cfg.kafka_client(
-            **{
-                "linger.ms": 2,
-                "acks": "all",
-                "enable.idempotence": True,
-                "queue.buffering.max.messages": 200_000,
-            }
-        )
+        conf = client_producer_conf(cfg)
         key = tuple(sorted((str(k), str(v)) for k, v in conf.items()))
         with cls._lock:
             inst = cls._instances.get(key)
@@ -189,18 +208,7 @@ class _ResultRouter:
         self._plock = threading.Lock()
         self._refs = 0
         self._stop = threading.Event()
-        self._consumer = Consumer(
-            cfg.kafka_client(
-                **{
-                    "group.id": f"kwal-producers-{uuid.uuid4().hex[:8]}",
-                    "enable.auto.commit": False,
-                    "enable.auto.offset.store": False,
-                    "fetch.wait.max.ms": FETCH_WAIT_MS,
-                    "fetch.min.bytes": 1,
-                    "enable.partition.eof": False,
-                }
-            )
-        )
+        self._consumer = Consumer(results_reader_conf(cfg))
         self._consumer.assign(self._end_positions(timeout_s))
         self._thread = threading.Thread(target=self._run, name="kwal-results", daemon=True)
         self._thread.start()

@@ -6,6 +6,12 @@ client. For 1, 16 and 64 concurrent clients (each its own `Client`, with one
 1-row insert transaction in flight at a time: the next is sent when the
 previous one's result arrives) for `--seconds` each.
 
+Then the ceiling (`infra.bench.echo`): the same request -> result round trip
+through the broker with no TN at all (an echo subprocess), driven the same
+way: ``echo_tps_<n>``, ``echo_p50_ms_<n>``, and ``vs_echo_64`` (kwal's rate at
+64 clients as a fraction of it). No commit routed through Kafka topics on
+this broker and machine can be faster than the echo.
+
 Then the same work with Kafka's own transactions: per concurrent client one
 transactional producer, one transaction (begin, produce one record, commit)
 per write. If the broker lacks transactions, the JSON says so
@@ -180,6 +186,29 @@ def _bench_kwal(cfg: KwalConfig, seconds: float, out: dict[str, Any], workdir: P
             tn.kill()
 
 
+def _bench_echo(cfg: KwalConfig, seconds: float, out: dict[str, Any]) -> None:
+    from infra.bench.echo import EchoClients, EchoServer
+
+    with EchoServer(cfg):
+        clients = EchoClients(cfg)
+        try:
+            for _ in range(50):  # warm up both sides
+                clients.send().result(30)
+            for n in CLIENTS:
+                done, elapsed, samples, errors = _measure_chained(
+                    n, seconds, lambda i: clients.send()
+                )
+                out[f"echo_tps_{n}"] = round(done / elapsed, 1)
+                out[f"echo_p50_ms_{n}"] = round(percentile(samples, 50), 2)
+                out[f"echo_p99_ms_{n}"] = round(percentile(samples, 99), 2)
+                out[f"echo_errors_{n}"] = errors
+                _log(
+                    f"echo {n} clients: {out[f'echo_tps_{n}']} round trips/s p50 {out[f'echo_p50_ms_{n}']} ms"
+                )
+        finally:
+            clients.close()
+
+
 def _bench_kafka_txn(cfg: KwalConfig, seconds: float, out: dict[str, Any]) -> None:
     topic = cfg.topics.name("bench-kafka-txn")
     from infra.topics import TopicSpec, ensure_topics
@@ -254,6 +283,8 @@ def run(args: Any, cfg: KwalConfig) -> int:
         cfg = dataclasses.replace(cfg, wal=wal)
         out["wal_backend"] = wal.backend
         _bench_kwal(cfg, seconds, out, workdir)
+        _bench_echo(cfg, seconds, out)
+        out["vs_echo_64"] = ratio(out["tps_64"], out["echo_tps_64"])
         _bench_kafka_txn(cfg, seconds, out)
         if out.get("kafka_txn_supported"):
             out["vs_kafka_txn_64"] = ratio(out["tps_64"], out["kafka_txn_tps_64"])

@@ -131,6 +131,26 @@ class ServiceError(RuntimeError):
     pass
 
 
+def tn_consumer_conf(cfg: KwalConfig, group_id: str) -> dict[str, Any]:
+    """The requests reader's settings (assigned, never committed: the position is the
+    TN's own, in kwal_system.progress)."""
+    return cfg.kafka_client(
+        **{
+            "group.id": group_id,
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            "fetch.wait.max.ms": FETCH_WAIT_MS,
+            "enable.partition.eof": False,
+            "auto.offset.reset": "earliest",
+        }
+    )
+
+
+def tn_producer_conf(cfg: KwalConfig) -> dict[str, Any]:
+    """The results producer's settings."""
+    return cfg.kafka_client(**{"enable.idempotence": True, "acks": "all", "linger.ms": 1})
+
+
 
 
 class TnService:
@@ -180,9 +200,7 @@ class TnService:
         self._last_progress = 0.0
         self._threads: list[threading.Thread] = []
         self.processed = 0
-        self._producer = Producer(
-            cfg.kafka_client(**{"enable.idempotence": True, "acks": "all", "linger.ms": 1})
-        )
+        self._producer = Producer(tn_producer_conf(cfg))
         self._consumer: Consumer | None = None
 
     # ---- lifecycle ------------------------------------------------------------------------
@@ -190,18 +208,7 @@ class TnService:
     def start(self) -> None:
         """Bootstrap system tables, recover the position, start the threads."""
         start_offset = self._recover()
-        self._consumer = Consumer(
-            self.cfg.kafka_client(
-                **{
-                    "group.id": f"{self.cfg.topics.prefix}.tn",
-                    "enable.auto.commit": False,
-                    "enable.auto.offset.store": False,
-                    "fetch.wait.max.ms": FETCH_WAIT_MS,
-                    "enable.partition.eof": False,
-                    "auto.offset.reset": "earliest",
-                }
-            )
-        )
+        self._consumer = Consumer(tn_consumer_conf(self.cfg, f"{self.cfg.topics.prefix}.tn"))
         self._consumer.assign(
             [TopicPartition(self.cfg.topics.requests, self.partition, start_offset)]
         )
