@@ -1,0 +1,52 @@
+"""`schemas.arrow_ipc.ipc_to_table`: the message-by-message reader and its fallback."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+
+from schemas.arrow_ipc import ipc_to_table, table_to_ipc
+from schemas.exceptions import DecodeError
+
+
+def _stream(table: pa.Table, chunk: int | None = None) -> bytes:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table, max_chunksize=chunk)
+    return sink.getvalue().to_pybytes()
+
+
+TABLE = pa.table({"id": pa.array(range(10), pa.int64()), "v": pa.array([str(i) for i in range(10)])})
+
+
+@pytest.mark.parametrize("chunk", [None, 3, 1])
+def test_streams_of_one_or_many_batches_read_back_equal(chunk: int | None) -> None:
+    data = _stream(TABLE, chunk)
+    got = ipc_to_table(data)
+    assert got.equals(TABLE)
+    assert got.column("id").num_chunks == (1 if chunk is None else -(-10 // chunk))
+    assert ipc_to_table(table_to_ipc(TABLE)).equals(TABLE)
+
+
+def test_an_empty_table_keeps_its_schema() -> None:
+    got = ipc_to_table(table_to_ipc(TABLE.slice(0, 0)))
+    assert got.num_rows == 0 and got.schema == TABLE.schema
+
+
+def test_a_stream_with_a_dictionary_batch_is_read_by_the_full_reader() -> None:
+    table = pa.table({"c": pa.array(["a", "b", "a"]).dictionary_encode()})
+    assert ipc_to_table(_stream(table)).equals(table)
+
+
+@pytest.mark.parametrize("cut", [9, 40, -9])
+def test_a_cut_stream_is_refused(cut: int) -> None:
+    with pytest.raises(DecodeError):
+        ipc_to_table(table_to_ipc(TABLE)[:cut])
+
+
+@pytest.mark.parametrize("at", [0, 4, 9])
+def test_a_garbled_message_header_is_refused(at: int) -> None:
+    garbled = bytearray(table_to_ipc(TABLE))
+    garbled[at] ^= 0xFF
+    with pytest.raises(DecodeError):
+        ipc_to_table(bytes(garbled))
