@@ -21,7 +21,6 @@ broker and this machine is bounded by it.
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import threading
@@ -39,7 +38,7 @@ from producers.client import client_producer_conf, results_reader_conf
 from tn.service.service import tn_consumer_conf, tn_producer_conf
 
 READY = "ready"
-PAYLOAD = bytes(64)  # about a 1-row insert request's size
+PAYLOAD = bytes(64)  # a small request, like a 1-row insert
 
 
 def echo_topics(cfg: KwalConfig) -> tuple[str, str]:
@@ -165,5 +164,4 @@ def serve(cfg: KwalConfig) -> None:
 
 
 if __name__ == "__main__":
-    os.environ.setdefault("PYTHONUNBUFFERED", "1")
     serve(KwalConfig.load())
