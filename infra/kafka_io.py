@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
+
+log = logging.getLogger(__name__)
 
 
 def poll_batch(consumer: Consumer, max_messages: int, timeout: float) -> list[Any]:
@@ -33,3 +36,37 @@ def delete_records(
         except KafkaException as e:
             failed.append((tp, e))
     return done, failed
+
+
+class RecordDeleter:
+    """DeleteRecords below offsets that only grow (a truncated WAL, truncated logtail topics).
+
+    It remembers where each (topic, partition) was already deleted and asks only
+    for what moved past it; a failed deletion is logged and asked again at the
+    next call (`retried` says when that is, for the log)."""
+
+    def __init__(self, timeout_s: float, retried: str) -> None:
+        self.timeout_s = timeout_s
+        self.retried = retried
+        self.deleted_before: dict[tuple[str, int], int] = {}
+
+    def delete(self, admin: AdminClient, targets: dict[tuple[str, int], int]) -> None:
+        todo = [
+            TopicPartition(topic, partition, offset)
+            for (topic, partition), offset in sorted(targets.items())
+            if offset > self.deleted_before.get((topic, partition), 0)
+        ]
+        if not todo:
+            return
+        done, failed = delete_records(admin, todo, self.timeout_s)
+        for tp in done:
+            self.deleted_before[(tp.topic, tp.partition)] = tp.offset
+        for tp, e in failed:
+            log.warning(
+                "DeleteRecords %s/%s before %s failed (retried %s): %s",
+                tp.topic,
+                tp.partition,
+                tp.offset,
+                self.retried,
+                e,
+            )

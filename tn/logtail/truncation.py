@@ -21,23 +21,27 @@ from __future__ import annotations
 
 import logging
 
-from confluent_kafka import TopicPartition
-
 from infra.config import KwalConfig
 from infra.doctor import deletes_records
-from infra.kafka_io import delete_records
+from infra.kafka_io import RecordDeleter
 from infra.topics import admin_client
 
 log = logging.getLogger(__name__)
 
 
 class LogtailTruncator:
-    def __init__(self, cfg: KwalConfig, physical: bool | None = None, timeout_s: float = 10.0) -> None:
+    def __init__(
+        self, cfg: KwalConfig, physical: bool | None = None, timeout_s: float = 10.0
+    ) -> None:
         self.cfg = cfg
         self.physical = physical  # None: ask `kwal doctor`'s probe at the first call
-        self.timeout_s = timeout_s
         self.note = ""
-        self.deleted_before: dict[str, int] = {}  # topic -> offset everything below is gone
+        self._deleter = RecordDeleter(timeout_s, retried="at the next checkpoint")
+
+    @property
+    def deleted_before(self) -> dict[str, int]:
+        """Topic -> the offset everything below is gone."""
+        return {topic: off for (topic, _), off in self._deleter.deleted_before.items()}
 
     def __call__(self, offsets: dict[str, int]) -> None:
         if self.physical is None:  # here, in the checkpoint thread, not at TN start-up
@@ -50,20 +54,6 @@ class LogtailTruncator:
                 )
                 log.warning("%s", self.note)
             return
-        todo = [
-            TopicPartition(topic, 0, offset)
-            for topic, offset in sorted(offsets.items())
-            if offset > self.deleted_before.get(topic, 0)
-        ]
-        if not todo:
-            return
-        done, failed = delete_records(admin_client(self.cfg), todo, self.timeout_s)
-        for tp in done:
-            self.deleted_before[tp.topic] = tp.offset
-        for tp, e in failed:
-            log.warning(
-                "DeleteRecords %s before %s failed (retried at the next checkpoint): %s",
-                tp.topic,
-                tp.offset,
-                e,
-            )
+        self._deleter.delete(
+            admin_client(self.cfg), {(topic, 0): offset for topic, offset in offsets.items()}
+        )

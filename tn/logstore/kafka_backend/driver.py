@@ -55,7 +55,7 @@ from confluent_kafka.admin import AdminClient
 
 from infra.config import KwalConfig
 from infra.doctor import deletes_records
-from infra.kafka_io import delete_records
+from infra.kafka_io import RecordDeleter
 from infra.topics import KEEP_FOREVER, TopicSpec, ensure_topics
 from tn.logstore.driver import LogClosedError, LogDriver, LogRecord
 from tn.logstore.kafka_backend.exceptions import (
@@ -212,7 +212,7 @@ class KafkaDriver(LogDriver):
         self._meta.record_base(self.epoch, self.writer_id, r.last_lsn)
         self._deletes = deletes_records(cfg, "WAL") if delete_records is None else delete_records
         self.truncation_mode = "physical" if self._deletes else "logical"
-        self._deleted_before: dict[int, int] = {}
+        self._deleter = RecordDeleter(self._timeout, retried="at the next truncate")
         self._delete_target: dict[int, int] = {}
         self._writer = GroupWriter(
             self._producer,
@@ -409,23 +409,7 @@ class KafkaDriver(LogDriver):
                 )
                 log.warning("%s", self.truncation_note)
             return
-        todo = [
-            TopicPartition(self.topic, p, off)
-            for p, off in target.items()
-            if off > self._deleted_before.get(p, 0)
-        ]
-        if not todo:
-            return
-        done, failed = delete_records(self._admin, todo, self._timeout)
-        for tp in done:
-            self._deleted_before[tp.partition] = tp.offset
-        for tp, e in failed:
-            log.warning(
-                "DeleteRecords %s/%s failed (retried at the next truncate): %s",
-                tp.topic,
-                tp.partition,
-                e,
-            )
+        self._deleter.delete(self._admin, {(self.topic, p): off for p, off in target.items()})
 
     @staticmethod
     def physical_truncation_plan(infos: list[RecordInfo], lsn: int) -> dict[int, int]:
