@@ -45,15 +45,14 @@ from infra.config import KwalConfig
 
 CLIENTS = (1, 16, 64)
 DB, TABLE = "bench", "t"
+Measured = tuple[int, float, list[float], int]  # ops done, elapsed s, latencies ms, errors
 
 
 def _log(msg: str) -> None:
     print(f"[bench commit] {msg}", file=sys.stderr, flush=True)
 
 
-def _measure(
-    n: int, seconds: float, make_worker: Callable[[int], Callable[[], None]]
-) -> tuple[int, float, list[float], int]:
+def _measure(n: int, seconds: float, make_worker: Callable[[int], Callable[[], None]]) -> Measured:
     """Run n workers, each calling its op in a loop for `seconds`.
     Returns (ops done, elapsed s, latencies in ms, errors)."""
     stop = threading.Event()
@@ -89,9 +88,7 @@ def _measure(
     return len(samples), elapsed, samples, sum(errors)
 
 
-def _measure_chained(
-    n: int, seconds: float, start: Callable[[int], Future[Any]]
-) -> tuple[int, float, list[float], int]:
+def _measure_chained(n: int, seconds: float, start: Callable[[int], Future[Any]]) -> Measured:
     """n clients, each with exactly one transaction in flight: when one's result
     arrives (a future callback) it records the latency and sends its next one.
     Same load as n threads blocking on commit(), without n Python threads
@@ -142,6 +139,17 @@ def _measure_chained(
     return counted, elapsed, samples[:counted], errors[0]
 
 
+def _record(out: dict[str, Any], prefix: str, n: int, measured: Measured, what: str) -> None:
+    """One phase's figures under `prefix`: ``<prefix>tps_<n>``, ``<prefix>p50_ms_<n>``,
+    ``<prefix>p99_ms_<n>``, ``<prefix>errors_<n>``; and a progress line."""
+    done, elapsed, samples, errors = measured
+    tps = out[f"{prefix}tps_{n}"] = round(done / elapsed, 1)
+    p50 = out[f"{prefix}p50_ms_{n}"] = round(percentile(samples, 50), 2)
+    p99 = out[f"{prefix}p99_ms_{n}"] = round(percentile(samples, 99), 2)
+    out[f"{prefix}errors_{n}"] = errors
+    _log(f"{what} at {n} clients: {tps}/s, p50 {p50} ms, p99 {p99} ms")
+
+
 def _bench_kwal(cfg: KwalConfig, seconds: float, out: dict[str, Any], workdir: Path) -> None:
     from infra.topics import ensure_topics
     from producers import Client
@@ -169,14 +177,7 @@ def _bench_kwal(cfg: KwalConfig, seconds: float, out: dict[str, Any], workdir: P
                 c = workers[i]
                 return c.begin().insert(f"{DB}.{TABLE}", [{"id": next(ids), "v": i}]).commit_async()
 
-            done, elapsed, samples, errors = _measure_chained(n, seconds, start)
-            out[f"tps_{n}"] = round(done / elapsed, 1)
-            out[f"p50_ms_{n}"] = round(percentile(samples, 50), 2)
-            out[f"p99_ms_{n}"] = round(percentile(samples, 99), 2)
-            out[f"errors_{n}"] = errors
-            _log(
-                f"kwal {n} clients: {out[f'tps_{n}']} txn/s p50 {out[f'p50_ms_{n}']} ms p99 {out[f'p99_ms_{n}']} ms"
-            )
+            _record(out, "", n, _measure_chained(n, seconds, start), "kwal commits")
     finally:
         for c in clients:
             c.close()
@@ -195,16 +196,8 @@ def _bench_echo(cfg: KwalConfig, seconds: float, out: dict[str, Any]) -> None:
             for _ in range(50):  # warm up both sides
                 clients.send().result(30)
             for n in CLIENTS:
-                done, elapsed, samples, errors = _measure_chained(
-                    n, seconds, lambda i: clients.send()
-                )
-                out[f"echo_tps_{n}"] = round(done / elapsed, 1)
-                out[f"echo_p50_ms_{n}"] = round(percentile(samples, 50), 2)
-                out[f"echo_p99_ms_{n}"] = round(percentile(samples, 99), 2)
-                out[f"echo_errors_{n}"] = errors
-                _log(
-                    f"echo {n} clients: {out[f'echo_tps_{n}']} round trips/s p50 {out[f'echo_p50_ms_{n}']} ms"
-                )
+                measured = _measure_chained(n, seconds, lambda i: clients.send())
+                _record(out, "echo_", n, measured, "echo round trips")
         finally:
             clients.close()
 
@@ -252,14 +245,7 @@ def _bench_kafka_txn(cfg: KwalConfig, seconds: float, out: dict[str, Any]) -> No
 
             return op
 
-        done, elapsed, samples, errors = _measure(n, seconds, make)
-        out[f"kafka_txn_tps_{n}"] = round(done / elapsed, 1)
-        out[f"kafka_txn_p50_ms_{n}"] = round(percentile(samples, 50), 2)
-        out[f"kafka_txn_p99_ms_{n}"] = round(percentile(samples, 99), 2)
-        out[f"kafka_txn_errors_{n}"] = errors
-        _log(
-            f"kafka txn {n} clients: {out[f'kafka_txn_tps_{n}']} txn/s p50 {out[f'kafka_txn_p50_ms_{n}']} ms"
-        )
+        _record(out, "kafka_txn_", n, _measure(n, seconds, make), "kafka transactions")
         for p in producers:
             if p is not None:
                 p.flush(5)
