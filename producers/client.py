@@ -22,7 +22,6 @@ Request ids are uuid4 hex strings; the TN deduplicates on them.
 
 from __future__ import annotations
 
-import os
 import queue
 import threading
 import time
@@ -37,7 +36,7 @@ import pyarrow as pa
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from infra.config import KwalConfig
-from infra.kafka_io import poll_batch
+from infra.kafka_io import COMMIT_FETCH_WAIT_MS, poll_batch
 from infra.queues import drain
 from producers.exceptions import (
     ClientClosedError,
@@ -55,12 +54,6 @@ from schemas.requests import (
     encode_request,
 )
 
-# How long the broker may hold a fetch when no data is there. Every commit
-# crosses two such fetches (request to TN, result to client). Measured on the
-# embedded broker: while a fetch is held, produce acknowledgements wait too
-# (one produce->consume hop: ~17 ms at 50, ~2-3 ms at 10, with a worse p99 at
-# 10). 25 is the compromise; override with KWAL_FETCH_WAIT_MS.
-FETCH_WAIT_MS = int(os.environ.get("KWAL_FETCH_WAIT_MS", "25"))
 Rows: TypeAlias = pa.Table | pa.RecordBatch | Sequence[Mapping[str, Any]] | Sequence[Sequence[Any]]
 
 
@@ -126,7 +119,7 @@ def results_reader_conf(cfg: KwalConfig) -> dict[str, Any]:
             "group.id": f"kwal-producers-{uuid.uuid4().hex[:8]}",
             "enable.auto.commit": False,
             "enable.auto.offset.store": False,
-            "fetch.wait.max.ms": FETCH_WAIT_MS,
+            "fetch.wait.max.ms": COMMIT_FETCH_WAIT_MS,
             "fetch.min.bytes": 1,
             "enable.partition.eof": False,
         }

@@ -78,7 +78,6 @@ from __future__ import annotations
 
 import heapq
 import logging
-import os
 import queue
 import threading
 import time
@@ -91,7 +90,7 @@ import pyarrow as pa
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
 
 from infra.config import KwalConfig
-from infra.kafka_io import poll_batch
+from infra.kafka_io import COMMIT_FETCH_WAIT_MS, poll_batch
 from infra.metrics import METRICS
 from infra.queues import drain
 from schemas.exceptions import CodecError, UnsupportedFormatError
@@ -115,12 +114,6 @@ from tn.service.apply import RequestInvalid, apply_ops, conform_rows, result_for
 
 log = logging.getLogger("kwal.tn.service")
 
-# How long the broker may hold a fetch when no data is there. Every commit
-# crosses two such fetches (request to TN, result to client). Measured on the
-# embedded broker: while a fetch is held, produce acknowledgements wait too
-# (one produce->consume hop: ~17 ms at 50, ~2-3 ms at 10, with a worse p99 at
-# 10). 25 is the compromise; override with KWAL_FETCH_WAIT_MS.
-FETCH_WAIT_MS = int(os.environ.get("KWAL_FETCH_WAIT_MS", "25"))
 REQUESTS_TABLE = "requests"
 PROGRESS_TABLE = "progress"
 PROGRESS_KEY = "tn"
@@ -139,7 +132,7 @@ def tn_consumer_conf(cfg: KwalConfig, group_id: str) -> dict[str, Any]:
             "group.id": group_id,
             "enable.auto.commit": False,
             "enable.auto.offset.store": False,
-            "fetch.wait.max.ms": FETCH_WAIT_MS,
+            "fetch.wait.max.ms": COMMIT_FETCH_WAIT_MS,
             "enable.partition.eof": False,
             "auto.offset.reset": "earliest",
         }
