@@ -93,7 +93,8 @@ class GroupWriter:
         self._epoch = epoch
         self._writer_id = writer_id
         self._s = settings
-        self._cond = threading.Condition(threading.Lock())  # not reentrant: cheaper
+        self._lock = threading.Lock()  # not reentrant: cheaper
+        self._cond = threading.Condition(self._lock)
         self._window = Window(settings.window, acked)
         self._next = acked + 1
         self._group: list[bytes] = []
@@ -138,7 +139,7 @@ class GroupWriter:
 
     def append(self, lsn: int, payload: bytes) -> Future[int]:
         future: Future[int] = AckFuture()
-        with self._cond:
+        with self._lock:  # the condition's own lock: `with self._cond` adds two Python calls
             # 1. refuse on failure / close
             if self._closed:
                 future.set_exception(LogClosedError("Kafka WAL driver is closed"))
@@ -149,19 +150,13 @@ class GroupWriter:
             if lsn != self._next:
                 raise ValueError(f"append of LSN {lsn}, expected {self._next}")
             # 2. the window
-            deadline = time.monotonic() + self._s.append_timeout_s
-            while not self._window.room_for(lsn) and self._failed is None and not self._closed:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise WindowTimeoutError(
-                        f"append of LSN {lsn} waited {self._s.append_timeout_s:.1f}s for the "
-                        f"window: LSN {self._window.acked + 1} is still unacknowledged and the "
-                        f"window is {self._window.size}"
+            if not self._window.room_for(lsn):
+                self._wait_for_room_locked(lsn)
+                if self._closed or self._failed is not None:
+                    future.set_exception(
+                        self._failed or LogClosedError("Kafka WAL driver is closed")
                     )
-                self._cond.wait(left)
-            if self._closed or self._failed is not None:
-                future.set_exception(self._failed or LogClosedError("Kafka WAL driver is closed"))
-                return future
+                    return future
             # 3. join the open group
             self._group.append(payload)
             self._group_bytes += len(payload) + FRAME_OVERHEAD
@@ -172,6 +167,20 @@ class GroupWriter:
         if issue is not None:
             self._produce(issue)
         return future
+
+    def _wait_for_room_locked(self, lsn: int) -> None:
+        """Step 2: wait, bounded, until the window has room for `lsn`, the writer fails or
+        it closes."""
+        deadline = time.monotonic() + self._s.append_timeout_s
+        while not self._window.room_for(lsn) and self._failed is None and not self._closed:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise WindowTimeoutError(
+                    f"append of LSN {lsn} waited {self._s.append_timeout_s:.1f}s for the "
+                    f"window: LSN {self._window.acked + 1} is still unacknowledged and the "
+                    f"window is {self._window.size}"
+                )
+            self._cond.wait(left)
 
     def _group_ready_locked(self) -> bool:
         """Issue the open group now? Full groups always go; otherwise a free record slot is
