@@ -67,6 +67,18 @@ class ServerProcess:
             return self.popen.poll() is None
         return pid_alive(self.pid)
 
+    def cpu_s(self) -> float | None:
+        """CPU seconds (user + system) the process has used so far; None where /proc
+        does not tell (not Linux, or the process is gone). For benchmarks: a server
+        started here shares the machine's cores with the client measured beside it."""
+        try:
+            with open(f"/proc/{self.pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            return None
+        # after the ")" closing the command name: state is field 0, utime 11, stime 12
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
     def stop(self, timeout_s: float = 10.0) -> None:
         """SIGTERM the process group, then SIGKILL after `timeout_s`."""
         stop_pid(self.pid, timeout_s)

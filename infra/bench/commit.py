@@ -261,7 +261,7 @@ def run(args: Any, cfg: KwalConfig) -> int:
     seconds = float(getattr(args, "seconds", 5.0) or 5.0)
     workdir = Path(tempfile.mkdtemp(prefix="kwal-bench-commit-"))
     out: dict[str, Any] = {"bench": "commit", "seconds": seconds, "clients": list(CLIENTS)}
-    with bench_kafka(cfg, "commit") as (cfg, where):
+    with bench_kafka(cfg, "commit") as (cfg, where, _broker):
         out["broker"] = where
         wal = dataclasses.replace(cfg.wal)
         if wal.backend == "file":

@@ -10,12 +10,15 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from infra.config import KwalConfig
-from infra.processes import port_open
+from infra.processes import ServerProcess, port_open
 
 
 @contextmanager
-def bench_kafka(cfg: KwalConfig, name: str) -> Iterator[tuple[KwalConfig, str]]:
-    """Yield (config with a fresh topic prefix and object store, "embedded" or the address used).
+def bench_kafka(
+    cfg: KwalConfig, name: str
+) -> Iterator[tuple[KwalConfig, str, ServerProcess | None]]:
+    """Yield (config with a fresh topic prefix and object store, "embedded" or the address
+    used, the embedded broker's process or None).
 
     1. if something answers at cfg.bootstrap, use it;
     2. otherwise start the embedded broker and stop it on exit;
@@ -36,6 +39,7 @@ def bench_kafka(cfg: KwalConfig, name: str) -> Iterator[tuple[KwalConfig, str]]:
         yield (
             dataclasses.replace(cfg, topics=topics, objectstore=objects),
             "embedded" if broker else cfg.bootstrap,
+            broker,
         )
     finally:
         if broker is not None:

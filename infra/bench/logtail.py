@@ -205,7 +205,7 @@ def run(args: Any, cfg: KwalConfig) -> int:
     seconds = float(getattr(args, "seconds", 5.0) or 5.0)
     txns = int(getattr(args, "apply_txns", 2000) or 2000)
     out: dict[str, Any] = {"bench": "logtail", "seconds_per_rate": seconds}
-    with bench_kafka(cfg, "logtail") as (cfg, where):
+    with bench_kafka(cfg, "logtail") as (cfg, where, _broker):
         out["kafka"] = where
         out["heartbeat_ms"] = cfg.tn.heartbeat_ms
         ensure_topics(cfg)

@@ -129,7 +129,7 @@ def run(args: argparse.Namespace, cfg: KwalConfig) -> int:
     logging.getLogger("tn.logstore.kafka_backend").setLevel(logging.WARNING)
     rows = int(getattr(args, "rows", 0) or DEFAULT_ROWS)
     sizes = tuple(getattr(args, "wal_entries", None) or DEFAULT_ENTRIES)
-    with bench_kafka(cfg, "recovery") as (cfg, where), tempfile.TemporaryDirectory(
+    with bench_kafka(cfg, "recovery") as (cfg, where, _broker), tempfile.TemporaryDirectory(
         prefix="kwal-bench-recovery-"
     ) as tmpdir:
         cfg = dataclasses.replace(cfg, wal=dataclasses.replace(cfg.wal, backend="kafka"))

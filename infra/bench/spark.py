@@ -319,7 +319,7 @@ def run(args: Any, cfg: KwalConfig) -> int:
     samples = 8 if samples is None else int(samples)
     from consumers.spark.job import build_session
 
-    with bench_kafka(cfg, "spark") as (cfg, where):
+    with bench_kafka(cfg, "spark") as (cfg, where, _broker):
         spark = build_session("kwal-bench-spark")
         spark.sparkContext.setLogLevel("ERROR")
         try:

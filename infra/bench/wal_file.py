@@ -9,6 +9,8 @@ its future completes, like a transaction):
 - `group_<n>_eps` entries/s, `group_<n>_mbps` MB/s of payload,
   `group_<n>_fsyncs_per_s`, `group_<n>_entries_per_fsync`,
   `group_<n>_p50_ms` / `group_<n>_p99_ms` append-to-durable latency;
+- `group_<n>_cpu_us`: this process's CPU per entry (user + system, all
+  threads): on the 2-core machine it, not the disk, bounds `group_64_eps`;
 - `plain_*`: the same framed bytes written by a plain loop, one write and one
   sync per entry, appending, in the same run on the same file system;
 - `plain_prealloc_*`: the same loop over a file zero-filled beforehand, as
@@ -77,6 +79,7 @@ def _group_phase(directory: Path, appenders: int, entries: int, cfg: Any) -> dic
         "entries_per_fsync": round(n / fsyncs, 2) if fsyncs else 0.0,
         "p50_ms": figures["p50_ms"],
         "p99_ms": figures["p99_ms"],
+        "cpu_us": figures["cpu_us"],
         "entries": n,
     }
 

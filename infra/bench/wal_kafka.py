@@ -11,7 +11,12 @@ harness):
   settings (acks=all, idempotent, linger.ms=0), each appender waiting for its
   own delivery report, in the same run on the same broker.
 
-Figures: `*_eps` entries/s, `*_p50_ms` / `*_p99_ms` append latency. Ratios:
+Figures: `*_eps` entries/s, `*_p50_ms` / `*_p99_ms` append latency,
+`*_cpu_us` this process's CPU per entry (user + system, every thread: the
+harness, the client's, the driver's), and with the embedded broker
+`*_broker_cpu_us`, the broker's CPU per entry: broker and client share the
+machine's cores, so at 64 appenders on a small machine the sum of the two is
+what bounds entries/s on either side. Ratios:
 `vs_raw_64` = driver_64_eps / raw_64_eps (target >= 2), `p99_vs_raw_1` =
 driver_1_p99_ms / raw_1_p99_ms (target <= 3).
 
@@ -29,6 +34,7 @@ import argparse
 import dataclasses
 import logging
 import threading
+from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
@@ -39,6 +45,7 @@ from infra.bench.appenders import drive
 from infra.bench.kafka import bench_kafka
 from infra.bench.report import emit, ratio
 from infra.config import KwalConfig
+from infra.processes import ServerProcess
 from tn.logstore.ack_future import AckFuture
 
 ENTRY_BYTES = 200
@@ -84,12 +91,24 @@ class _Raw:
         self.producer.flush(10)
 
 
+def _phase(
+    broker: ServerProcess | None, appenders: int, total: int, append: Callable[[], Future[Any]]
+) -> dict[str, float]:
+    """One `drive`, plus the embedded broker's CPU per acknowledged entry when it is ours."""
+    before = broker.cpu_s() if broker else None
+    got = drive(appenders, total, PHASE_CAP_S, append)
+    after = broker.cpu_s() if broker else None
+    if before is not None and after is not None and got["n"]:
+        got["broker_cpu_us"] = round((after - before) / got["n"] * 1e6, 1)
+    return got
+
+
 def run(args: argparse.Namespace, cfg: KwalConfig) -> int:
     from tn.logstore.driver import LogStore
     from tn.logstore.kafka_backend import KafkaDriver
 
     logging.getLogger("tn.logstore.kafka_backend").setLevel(logging.WARNING)
-    with bench_kafka(cfg, "wal") as (cfg, where):
+    with bench_kafka(cfg, "wal") as (cfg, where, broker):
         cfg = dataclasses.replace(cfg, wal=dataclasses.replace(cfg.wal, backend="kafka"))
         raw_topic = cfg.topics.name("raw")
         admin = AdminClient(cfg.kafka_client())
@@ -120,7 +139,7 @@ def run(args: argparse.Namespace, cfg: KwalConfig) -> int:
                 best: dict[str, dict[str, float]] = {}
                 for _ in range(ROUNDS):  # interleaved, so drift in the machine hits both
                     for name, fn in (("raw", raw.append), ("driver", driver_append)):
-                        got = drive(n, total, PHASE_CAP_S, fn)
+                        got = _phase(broker, n, total, fn)
                         if name not in best or got["eps"] > best[name]["eps"]:
                             best[name] = got
                 for name, figures in best.items():

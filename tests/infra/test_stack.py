@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -42,6 +43,29 @@ def test_server_that_never_answers_times_out(tmp_path: Path) -> None:
             ready=lambda: False,
             timeout_s=1,
         )
+
+
+def test_server_cpu_time_counts_its_work_and_is_none_once_gone(tmp_path: Path) -> None:
+    burn = "import time; t = time.process_time(); print('ready', flush=True)\n" \
+        "while time.process_time() - t < 0.5: pass\nprint('burnt', flush=True); time.sleep(60)"
+    log = tmp_path / "burner.log"
+    server = start_server(
+        "burner",
+        [sys.executable, "-c", burn],
+        "127.0.0.1:1",
+        log,
+        ready=lambda: "ready" in log.read_text(),
+        timeout_s=20,
+    )
+    try:
+        deadline = time.monotonic() + 20
+        while "burnt" not in log.read_text() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        used = server.cpu_s()
+        assert used is not None and used >= 0.5
+    finally:
+        server.stop(timeout_s=5)
+    assert server.cpu_s() is None
 
 
 def test_broker_with_bad_storage_fails_clearly(tmp_path: Path) -> None:

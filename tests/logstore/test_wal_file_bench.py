@@ -19,6 +19,7 @@ def test_bench_prints_one_json_line(capsys: pytest.CaptureFixture[str]) -> None:
     for n in (1, 8, 64):
         for key in ("eps", "mbps", "fsyncs_per_s", "entries_per_fsync", "p50_ms", "p99_ms"):
             assert result[f"group_{n}_{key}"] >= 0
+        assert result[f"group_{n}_cpu_us"] > 0  # this process's CPU per entry
         assert result[f"group_{n}_entries"] == (128 // n) * n
     assert result["plain_entries"] == 128
     assert result["plain_eps"] > 0 and result["plain_fsyncs_per_s"] == result["plain_eps"]
