@@ -36,7 +36,7 @@ import pyarrow as pa
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from infra.config import KwalConfig
-from infra.kafka_io import COMMIT_FETCH_WAIT_MS, poll_batch
+from infra.kafka_io import FETCH_WAIT_MS, poll_batch
 from infra.queues import drain
 from producers.exceptions import (
     ClientClosedError,
@@ -119,7 +119,7 @@ def results_reader_conf(cfg: KwalConfig) -> dict[str, Any]:
             "group.id": f"kwal-producers-{uuid.uuid4().hex[:8]}",
             "enable.auto.commit": False,
             "enable.auto.offset.store": False,
-            "fetch.wait.max.ms": COMMIT_FETCH_WAIT_MS,
+            "fetch.wait.max.ms": FETCH_WAIT_MS,
             "fetch.min.bytes": 1,
             "enable.partition.eof": False,
         }

@@ -56,7 +56,7 @@ from consumers.core.exceptions import (
 )
 from consumers.core.table_state import BlockObject, TableState
 from infra.config import KwalConfig
-from infra.kafka_io import poll_batch
+from infra.kafka_io import FETCH_WAIT_MS, poll_batch
 from infra.objectstore import ObjectStore
 from schemas.arrow_ipc import preload
 from schemas.logtail import (
@@ -73,15 +73,9 @@ from tn.checkpoint.manifest import CatalogSnapshot, Manifest, newest_manifest, s
 
 log = logging.getLogger(__name__)
 
-CATALOG = "__catalog__"
 # What the consumer reports, with auto.offset.reset=error, for a position below the
 # partition's first record.
 _TRUNCATED = (KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE)
-# How long the broker may hold a fetch that finds nothing new. The wait is also
-# the latency a record produced meanwhile can pay on the embedded broker: raw
-# produce-to-consume at 1k records/s measured p50 16 ms at 50 and 9 ms at 25
-# (DESIGN: 10 can stall on long partitions). The TN and the client use 25 too.
-FETCH_WAIT_MS = 25
 
 
 class CNCore:

@@ -90,7 +90,7 @@ import pyarrow as pa
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
 
 from infra.config import KwalConfig
-from infra.kafka_io import COMMIT_FETCH_WAIT_MS, poll_batch
+from infra.kafka_io import FETCH_WAIT_MS, poll_batch
 from infra.metrics import METRICS
 from infra.queues import drain
 from schemas.exceptions import CodecError, UnsupportedFormatError
@@ -132,7 +132,7 @@ def tn_consumer_conf(cfg: KwalConfig, group_id: str) -> dict[str, Any]:
             "group.id": group_id,
             "enable.auto.commit": False,
             "enable.auto.offset.store": False,
-            "fetch.wait.max.ms": COMMIT_FETCH_WAIT_MS,
+            "fetch.wait.max.ms": FETCH_WAIT_MS,
             "enable.partition.eof": False,
             "auto.offset.reset": "earliest",
         }
