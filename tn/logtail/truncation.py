@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import logging
 
+from confluent_kafka.admin import AdminClient
+
 from infra.config import KwalConfig
 from infra.doctor import deletes_records
 from infra.kafka_io import RecordDeleter
@@ -37,6 +39,7 @@ class LogtailTruncator:
         self.physical = physical  # None: ask `kwal doctor`'s probe at the first call
         self.note = ""
         self._deleter = RecordDeleter(timeout_s, retried="at the next checkpoint")
+        self._admin: AdminClient | None = None  # made at the first deletion, then kept
 
     @property
     def deleted_before(self) -> dict[str, int]:
@@ -54,6 +57,6 @@ class LogtailTruncator:
                 )
                 log.warning("%s", self.note)
             return
-        self._deleter.delete(
-            admin_client(self.cfg), {(topic, 0): offset for topic, offset in offsets.items()}
-        )
+        if self._admin is None:
+            self._admin = admin_client(self.cfg)
+        self._deleter.delete(self._admin, {(topic, 0): o for topic, o in offsets.items()})
