@@ -44,7 +44,7 @@ from schemas.wal import TableSchema
 from tn.catalog.catalog import Catalog
 from tn.catalog.nodes import TableNode
 from tn.commit.pipeline import CommitListener, CommitPipeline
-from tn.exceptions import EngineClosedError, ValidationError
+from tn.exceptions import EngineClosedError, LogFailedError, ValidationError
 from tn.logstore.driver import LogStore
 from tn.memtable.block import DroppedCols
 from tn.txn.clock import LOGICAL_BITS, HybridClock
@@ -165,6 +165,12 @@ class Engine:
         return self._table_at(database, table, self._snapshot(ts))[1]
 
     # -- lifecycle -------------------------------------------------------------------------
+    @property
+    def log_failure(self) -> LogFailedError | None:
+        """Why the engine stopped after a log failure (None while it has not): recover a
+        new engine from the log to go on."""
+        return self.pipeline.failed
+
     def _check_open(self) -> None:
         if self._closed:
             raise EngineClosedError("engine_closed", "engine is closed")

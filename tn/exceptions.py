@@ -46,9 +46,11 @@ class EngineClosedError(TnError):
 
 
 class LogFailedError(TnError):
-    """The WAL append of this transaction, or of one queued before it, failed: the
-    transaction is aborted and never made visible. The engine stops accepting
-    commits afterwards (restart it with `Engine.recover`)."""
+    """The WAL append of this transaction, or of one queued before it, failed. This
+    engine never makes the transaction visible and stops accepting commits; but its
+    outcome is *unknown*, not aborted: its entry may have reached the log (a broker
+    that wrote a record and lost the answer), and then recovery replays it. Reopen the
+    log and `Engine.recover` to learn it (the TN service does, and answers only then)."""
 
     default_code = "log_failed"
 

@@ -292,6 +292,37 @@ def test_lost_broker_fails_pending_appends_in_bounded_time(
         broker.stop()
 
 
+def test_fatal_producer_error_fails_the_writer_and_a_reopen_goes_on(
+    wal_config: KwalConfig,
+) -> None:
+    """librdkafka declared the idempotent producer fatal in a broker-restart run
+    (OUT_OF_ORDER_SEQUENCE_NUMBER, raised from poll on the pump thread). Injected here
+    where the pump meets it: pending and later appends fail with an error that says so,
+    and a reopened driver (new epoch, new producer) has every acknowledged entry and
+    takes appends again."""
+    from confluent_kafka import KafkaError, KafkaException
+
+    d = KafkaDriver(wal_config, delete_records=False)
+    store = LogStore(d)
+    try:
+        assert [store.append(b"a%d" % i).result(10) for i in range(3)] == [1, 2, 3]
+        err = KafkaError(KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER, "desync", fatal=True)
+        d._pump._fatal_error(KafkaException(err))  # what Pump._run does when poll raises it
+        with pytest.raises(AppendFailedError, match="fatal error.*reopen the log"):
+            store.append(b"after").result(5)
+        assert isinstance(d.failure(), AppendFailedError)
+    finally:
+        d.close()
+    d2 = KafkaDriver(wal_config, delete_records=False)
+    try:
+        assert d2.epoch == d.epoch + 1
+        got = _all(d2)
+        assert [got[n] for n in (1, 2, 3)] == [b"a0", b"a1", b"a2"]
+        assert LogStore(d2).append(b"again").result(10) == d2.last_lsn()
+    finally:
+        d2.close()
+
+
 def _wal_topic_with(cfg: KwalConfig, config: dict[str, str]) -> None:
     from infra.topics import TopicSpec, ensure_topics
 

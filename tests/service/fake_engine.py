@@ -22,6 +22,7 @@ class FakeEngine:
         self._clock = itertools.count(1)
         self._now = 0
         self._pool = ThreadPoolExecutor(1)
+        self.log_failure: BaseException | None = None  # it has no log to fail
         # (db, table) -> (schema, created_ts, dropped_ts)
         self._tables: dict[tuple[str, str], tuple[TableSchema, int, int]] = {}
         self._dbs: dict[str, int] = {}

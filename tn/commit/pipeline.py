@@ -21,8 +21,9 @@ the log store without waiting -> visibility in queue order once durable.
    LSN order.
 
 A failed append fails that transaction and every one queued after it (never
-made visible: rows masked, catalog changes undone) with LogFailedError, and the
-pipeline refuses further commits.
+made visible here: rows masked, catalog changes undone) with LogFailedError, and the
+pipeline refuses further commits. Their outcome is unknown until the log is reopened:
+an entry the log did store is replayed by recovery (`LogFailedError`).
 """
 
 from __future__ import annotations
@@ -122,7 +123,7 @@ class CommitPipeline:
         self._draining = False
         self._slots = threading.BoundedSemaphore(queue_size)
         self.visible_ts = 0
-        self.failed: TnError | None = None
+        self.failed: LogFailedError | None = None
         self.closed = False
         self.listeners: list[CommitListener] = []
         self.heartbeat_listeners: list[Callable[[int], None]] = []
@@ -504,6 +505,7 @@ class CommitPipeline:
                             self.failed = LogFailedError(
                                 "log_failed", f"WAL append failed: {rec.error!r}"
                             )
+                            self.failed.__cause__ = rec.error  # what the log said
                             log.error(
                                 "WAL append failed; failing every later in-flight commit: %r",
                                 rec.error,

@@ -46,6 +46,11 @@ class LogClosedError(LogStoreError):
     """The driver was closed; no further appends are accepted."""
 
 
+class LogFencedError(LogStoreError):
+    """A newer writer owns the log: this one must stop and must not reopen it (reopening
+    would fence the newer writer in turn)."""
+
+
 class LogDriver(ABC):
     """A log backend: asynchronous, ordered, truncatable storage of entries."""
 

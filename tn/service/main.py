@@ -19,7 +19,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from infra.config import KwalConfig
-from tn.logstore.driver import LogDriver, LogStore
+from tn.logstore.driver import LogDriver, LogFencedError, LogStore
+
+logger = logging.getLogger("kwal.tn.main")
 
 
 def open_driver(cfg: KwalConfig) -> LogDriver:
@@ -76,18 +78,26 @@ def _status_publisher(cfg: KwalConfig, log: LogStore) -> Any:
     return StatusPublisher(cfg, status).start()
 
 
+REOPEN_BACKOFF_S = (1.0, 2.0, 5.0)  # between attempts to reopen a failed log; then 5 s each
+FENCED_EXIT = 3  # the exit status of a TN whose log a newer TN took over
+
+
 def run(args: Any, cfg: KwalConfig) -> int:
+    """Serve until a signal; reopen the log (in this process) each time it fails.
+
+    1. open the log and recover the engine, the logtail and the checkpoints, start the
+       service (`_serve`); a failure here on the first start is the exit status;
+    2. the log fails (the service halts, see `TnService` "A log failure"): tear all
+       of it down, wait a moment (longer while reopening keeps failing: the broker may
+       still be away) and go to 1 with a new writer epoch. A writer fenced by a newer
+       one exits (status FENCED_EXIT) instead: reopening would fence that one in turn.
+    """
     logging.basicConfig(
         level=logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
     from infra.metrics import serve as serve_metrics
-    from infra.topics import ensure_topics
-    from schemas.codec import decode_entry
-    from tn.checkpoint.wiring import recover_from_config, start_checkpoints
-    from tn.logtail.wiring import attach_logtail
-    from tn.service.service import TnService
 
     stop = threading.Event()
 
@@ -96,10 +106,53 @@ def run(args: Any, cfg: KwalConfig) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    if cfg.tn.metrics_port:
+        serve_metrics(cfg.tn.metrics_port)
+    reopens = 0  # reopen attempts since the last successful start
+    started = False
+    while not stop.is_set():
+        try:
+            outcome = _serve(cfg, stop)
+        except Exception as e:
+            if not started:
+                raise
+            delay = REOPEN_BACKOFF_S[min(reopens, len(REOPEN_BACKOFF_S) - 1)]
+            reopens += 1
+            logger.warning("reopening the log failed (%s); trying again in %.0f s", e, delay)
+            stop.wait(delay)
+            continue
+        if isinstance(outcome, int):
+            return outcome
+        started, reopens = True, 0
+        if cfg.wal.backend == "memory":  # reopening would start from an empty log
+            print(f"kwal-tn: the in-memory log failed: {outcome}", file=sys.stderr, flush=True)
+            return 1
+        if isinstance(outcome.__cause__, LogFencedError):
+            print(f"kwal-tn: fenced by a newer TN, exiting: {outcome}", file=sys.stderr, flush=True)
+            return FENCED_EXIT
+        delay = REOPEN_BACKOFF_S[0]
+        logger.error("the log failed (%s); reopening it in %.0f s on a new epoch", outcome, delay)
+        gc.unfreeze()  # the old incarnation's heap is garbage now
+        stop.wait(delay)
+    return 0
+
+
+def _serve(cfg: KwalConfig, stop: threading.Event) -> int | BaseException:
+    """One incarnation: open, recover, serve. Returns the exit status once `stop` is set
+    (or 1 when a service thread died), or the log failure that halted the service."""
+    from infra.topics import ensure_topics
+    from schemas.codec import decode_entry
+    from tn.checkpoint.wiring import recover_from_config, start_checkpoints
+    from tn.logtail.wiring import attach_logtail
+    from tn.service.service import TnService
 
     ensure_topics(cfg)
     log = LogStore(open_driver(cfg))
-    recovered = recover_from_config(log, cfg)
+    try:
+        recovered = recover_from_config(log, cfg)
+    except BaseException:
+        log.close()
+        raise
     engine = recovered.engine
     logtail = attach_logtail(
         engine, cfg, republish=(decode_entry(r.payload) for r in log.records())
@@ -107,13 +160,15 @@ def run(args: Any, cfg: KwalConfig) -> int:
     checkpoints = start_checkpoints(recovered, cfg, logtail=logtail)
     service = TnService(cfg, engine)
     status = _status_publisher(cfg, log)
-    if cfg.tn.metrics_port:
-        serve_metrics(cfg.tn.metrics_port)
     freeze_startup_heap()
     try:
         service.start()
         print(f"kwal-tn ready {cfg.topics.requests}", file=sys.stderr, flush=True)
         while not stop.wait(0.2):
+            failure = service.log_failure
+            if failure is not None:
+                service.stop()
+                return failure
             if not service.healthy():
                 print("kwal-tn: a service thread died", file=sys.stderr, flush=True)
                 return 1

@@ -65,6 +65,17 @@ committing them one after the other; a member that conflicts with a
 transaction outside the group is simply re-run after it (it never read
 anything). `group_max=1` turns grouping off.
 
+A log failure
+-------------
+When the engine stops after a WAL failure (a lost broker past
+`wal.append_timeout_s`, a producer librdkafka declared fatal), the commits it
+failed have an *unknown* outcome: an entry the log did store is replayed when
+the log is reopened. So the service does not answer them: it stops consuming,
+leaves them unresolved, and reports `log_failure`. Its owner (`tn.service.main`)
+stops it, reopens the log, recovers a new engine and starts a new service, whose
+start-up (above) answers each of those requests truthfully: committed if its
+id was replayed into ``kwal_system.requests``, otherwise it is run.
+
 Undecodable requests
 --------------------
 If even the request id cannot be read, the result's request id is
@@ -167,6 +178,7 @@ class TnService:
         self.progress_interval_s = progress_interval_s
         self.partition = 0
         self._stop = threading.Event()
+        self._log_failure: BaseException | None = None  # set once, by `_halt`
         self._out: queue.SimpleQueue[tuple[TxnResult, bytes | None, int] | None] = (
             queue.SimpleQueue()
         )
@@ -222,19 +234,46 @@ class TnService:
             self._threads[0].join(timeout=drain_timeout_s)
         deadline = time.monotonic() + drain_timeout_s
         with self._lock:
-            while self._unresolved() and time.monotonic() < deadline:
+            # after a log failure some requests stay unresolved on purpose (see "A log failure")
+            while self._unresolved() and self.log_failure is None and time.monotonic() < deadline:
                 self._lock.wait(0.05)
         self._out.put(None)
         for t in self._threads[1:]:
             t.join(timeout=drain_timeout_s)
         self._producer.flush(drain_timeout_s)
-        self._write_progress(force=True, wait=True)
+        if self.log_failure is None:
+            self._write_progress(force=True, wait=True)
         if self._consumer is not None:
             self._consumer.close()
             self._consumer = None
 
     def healthy(self) -> bool:
         return all(t.is_alive() for t in self._threads) and not self._stop.is_set()
+
+    @property
+    def log_failure(self) -> BaseException | None:
+        """The log failure that halted the service (see "A log failure"), or None. The
+        engine's own counts too: a checkpoint's commit can be the one that met it."""
+        return self._log_failure or self.engine.log_failure
+
+    def _halted_by_log(self, e: BaseException) -> bool:
+        """Is `e` the engine's log failure (outcome unknown), not a verdict on the request?
+        If so the service halts: the request stays unanswered until the log is reopened."""
+        if isinstance(e, LogFailedError) or (
+            isinstance(e, EngineClosedError) and self.engine.log_failure is not None
+        ):
+            if self._log_failure is None:
+                self._log_failure = self.engine.log_failure or e
+                log.error(
+                    "the engine stopped after a log failure; the service stops consuming and "
+                    "leaves the requests it could not commit unanswered until the log is "
+                    "reopened: %s",
+                    self._log_failure,
+                )
+            with self._lock:
+                self._lock.notify_all()
+            return True
+        return False
 
     # ---- recovery -------------------------------------------------------------------------
 
@@ -356,10 +395,14 @@ class TnService:
     def _request_loop(self) -> None:
         assert self._consumer is not None
         consumer = self._consumer
-        while not self._stop.is_set():
+        while not self._stop.is_set() and self.log_failure is None:
             self._drain_retries()
             with self._lock:
-                while self._unresolved() >= self.max_inflight and not self._stop.is_set():
+                while (
+                    self._unresolved() >= self.max_inflight
+                    and not self._stop.is_set()
+                    and self.log_failure is None
+                ):
                     self._lock.wait(0.05)
             try:
                 msgs = poll_batch(consumer, 256, 0.05)
@@ -398,11 +441,16 @@ class TnService:
             self._maybe_write_progress()
         # stopping: requests of aborted groups still get their individual run
         deadline = time.monotonic() + 5
-        while self._unresolved() and time.monotonic() < deadline:
+        while self._unresolved() and self.log_failure is None and time.monotonic() < deadline:
             self._drain_retries()
             time.sleep(0.01)
 
-    def _fail(self, req: TxnRequest | None, offset: int, key: bytes | None, e: Exception) -> None:
+    def _fail(
+        self, req: TxnRequest | None, offset: int, key: bytes | None, e: BaseException
+    ) -> None:
+        """Answer the request with the verdict `e` maps to; a log failure is no verdict."""
+        if self._halted_by_log(e):
+            return
         if req is None:
             res = TxnResult.aborted(
                 f"@{self.partition}:{offset}",
@@ -490,11 +538,10 @@ class TnService:
     def _execute(self, req: TxnRequest, offset: int) -> None:
         """Run one request as its own engine transaction."""
         rid = req.request_id
-        kw = {"client_id": req.client_id, "request_offset": offset}
         try:
             txn = self.engine.begin()
         except TnError as e:
-            self._publish(result_for_error(rid, e, **kw), rid.encode(), offset)
+            self._fail(req, offset, None, e)
             return
         try:
             apply_ops(self.engine, txn, req)
@@ -503,18 +550,19 @@ class TnService:
             fut = txn.commit()
         except Exception as e:  # noqa: BLE001 - validation, engine or unexpected: abort it
             _rollback(txn)
-            self._publish(result_for_error(rid, e, **kw), rid.encode(), offset)
+            self._fail(req, offset, None, e)
             return
-        fut.add_done_callback(lambda f: self._committed(f, rid, offset, kw))
+        fut.add_done_callback(lambda f: self._committed(f, req, offset))
 
-    def _committed(self, fut: Future[int], rid: str, offset: int, kw: dict[str, Any]) -> None:
+    def _committed(self, fut: Future[int], req: TxnRequest, offset: int) -> None:
         exc = fut.exception()
-        if exc is None:
-            res = TxnResult.ok(rid, int(fut.result()), **kw)
-            with self._lock:
-                self._committed_ids.append((offset, rid))
-        else:
-            res = result_for_error(rid, exc, **kw)
+        if exc is not None:
+            self._fail(req, offset, None, exc)
+            return
+        rid = req.request_id
+        with self._lock:
+            self._committed_ids.append((offset, rid))
+        res = TxnResult.ok(rid, int(fut.result()), client_id=req.client_id, request_offset=offset)
         self._publish(res, rid.encode(), offset)
 
     # ---- grouping -------------------------------------------------------------------------
@@ -601,9 +649,7 @@ class TnService:
                 self._retries.put(m)
         else:
             for m in members:
-                self._fail(
-                    m.req, m.offset, None, exc if isinstance(exc, Exception) else Exception(exc)
-                )
+                self._fail(m.req, m.offset, None, exc)
 
     def _drain_retries(self) -> None:
         for m in drain(self._retries):

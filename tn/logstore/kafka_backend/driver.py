@@ -33,6 +33,14 @@ embedded broker's transactions are unreliable); with it absent, acknowledgements
 the old writer hands out between the new writer's marker and noticing the fence
 can be lost, which is why a TN must not run two writers on purpose.
 
+A spent producer: librdkafka can declare the idempotent producer's state
+fatal (OUT_OF_ORDER_SEQUENCE_NUMBER after a broker restart that lost records
+it had acknowledged). It then refuses every produce, so the pump fails the
+writer (`AppendFailedError`) and every pending and later append fails. Those
+entries' outcome is unknown (one may be durable and is replayed by the next
+open); the owner reopens the log: a new driver, a new epoch. The TN does that
+by itself (`tn.service.main`).
+
 `truncate(lsn)`: (1) record the point on the meta topic (durable), (2) forget
 entries <= lsn, (3) per partition, DeleteRecords only up to the last offset
 whose records hold LSNs all <= lsn, and only when the broker supports it;
@@ -59,6 +67,7 @@ from infra.kafka_io import RecordDeleter
 from infra.topics import KEEP_FOREVER, TopicSpec, ensure_topics
 from tn.logstore.driver import LogClosedError, LogDriver, LogRecord
 from tn.logstore.kafka_backend.exceptions import (
+    AppendFailedError,
     FencedError,
     KafkaLogError,
     ReplayTimeoutError,
@@ -230,6 +239,7 @@ class KafkaDriver(LogDriver):
             ),
         )
         self._pump.add_tick(self._writer.tick)
+        self._pump.add_on_fatal(self._on_producer_fatal)
         self._watcher = MetaWatcher(
             self._reader_base, cfg.topics.wal_meta, claim_offset + 1, self.epoch, self._on_fenced
         )
@@ -282,6 +292,17 @@ class KafkaDriver(LogDriver):
         if check.warning:
             self.retention_warning = check.warning
             log.warning("WAL RETENTION: %s", check.warning)
+
+    def _on_producer_fatal(self, e: KafkaException) -> None:
+        """librdkafka gives up on an idempotent producer it cannot keep in sequence (after a
+        broker restart that lost records, say): nothing more can be produced, so the writer
+        fails. Reopening the log (a new driver: a new epoch, a new producer) is the way on."""
+        self._writer.fail(
+            AppendFailedError(
+                f"the WAL producer of writer {self.writer_id} (epoch {self.epoch}) on "
+                f"{self.topic} hit a fatal error and can send nothing more: {e}; reopen the log"
+            )
+        )
 
     def _on_fenced(self, newer: int) -> None:
         self._writer.fail(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tn.logstore.driver import LogStoreError
+from tn.logstore.driver import LogFencedError, LogStoreError
 
 
 class KafkaLogError(LogStoreError):
@@ -21,7 +21,7 @@ class WindowTimeoutError(KafkaLogError):
     """An append waited longer than the timeout for the LSN window to open."""
 
 
-class FencedError(AppendFailedError):
+class FencedError(AppendFailedError, LogFencedError):
     """A newer writer epoch owns the WAL; this writer's later records are never replayed."""
 
 

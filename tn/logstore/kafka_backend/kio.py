@@ -1,7 +1,10 @@
 """Small Kafka I/O helpers shared by the backend's modules.
 
 - `Pump`: the one thread that serves the driver's single producer (delivery
-  callbacks run on it) and runs periodic checks (the append watchdog).
+  callbacks run on it) and runs periodic checks (the append watchdog). It
+  never dies of an error: a fatal producer error goes to its `on_fatal` hooks
+  (the writer fails: the producer can send nothing more), anything else is
+  logged and polling goes on.
 - `produce_wait`: produce one record and wait, bounded, for its acknowledgement.
 - `read_until`: read partitions from their low watermarks up to (excluding) a
   known end offset per partition. The end offsets come from markers this
@@ -11,6 +14,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 import uuid
@@ -23,12 +27,15 @@ from confluent_kafka import (
     OFFSET_BEGINNING,
     Consumer,
     KafkaError,
+    KafkaException,
     Message,
     Producer,
     TopicPartition,
 )
 
 from tn.logstore.kafka_backend.exceptions import AppendTimeoutError, ReplayTimeoutError
+
+log = logging.getLogger(__name__)
 
 FETCH_WAIT_MS = 75  # the embedded broker's sweet spot is 50-100 ms
 
@@ -43,10 +50,23 @@ class Pump:
         self._running.set()
         self._parked = threading.Event()
         self._ticks: list[Callable[[], None]] = []
+        self._on_fatal: list[Callable[[KafkaException], None]] = []
+        self._fatal: KafkaException | None = None
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
 
     def add_tick(self, fn: Callable[[], None]) -> None:
         self._ticks.append(fn)
+
+    def add_on_fatal(self, fn: Callable[[KafkaException], None]) -> None:
+        """Call fn(error) once the producer reports a fatal error (at once if it already
+        has). After one, librdkafka refuses every produce: the producer is spent."""
+        self._on_fatal.append(fn)
+        if self._fatal is not None:
+            fn(self._fatal)
+
+    @property
+    def fatal(self) -> KafkaException | None:
+        return self._fatal
 
     def start(self) -> None:
         self._thread.start()
@@ -57,9 +77,34 @@ class Pump:
                 self._parked.set()
                 self._running.wait(0.05)
                 continue
-            self._producer.poll(0.02)
+            try:
+                self._producer.poll(0.02)
+            except KafkaException as e:  # librdkafka raises fatal errors from poll
+                self._fatal_error(e)
+            except Exception:  # noqa: BLE001 - a delivery callback's bug must not stop acks
+                log.exception("%s: error while serving the producer", self._thread.name)
             for fn in self._ticks:
-                fn()
+                try:
+                    fn()
+                except Exception:  # noqa: BLE001 - the watchdog goes on
+                    log.exception("%s: periodic check failed", self._thread.name)
+
+    def _fatal_error(self, e: KafkaException) -> None:
+        err = e.args[0] if e.args else None
+        if not (isinstance(err, KafkaError) and err.fatal()):
+            log.warning("%s: producer error: %s", self._thread.name, e)
+            return
+        first = self._fatal is None
+        if first:
+            self._fatal = e
+            log.error("%s: fatal producer error, the WAL writer stops: %s", self._thread.name, e)
+        for fn in self._on_fatal if first else ():
+            try:
+                fn(e)
+            except Exception:  # noqa: BLE001
+                log.exception("%s: on_fatal hook failed", self._thread.name)
+        if not first:
+            time.sleep(0.05)  # the producer is spent; keep serving the ticks, slowly
 
     def pause(self) -> None:
         """Stop serving deliveries and ticks until `resume()` (fault tests use it to hold acks)."""
