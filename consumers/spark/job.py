@@ -832,7 +832,7 @@ def start_query(
         options["maxRecordsPerTrigger"] = max_records_per_trigger
     options.update(source_options or {})
     topics = [catalog_topic, *table_topics.values()]
-    hints = catalog_hints(spark, bootstrap, catalog_topic, list(table_topics), options)
+    hints = catalog_hints(bootstrap, catalog_topic, list(table_topics), options)
     df = kafka_stream(spark, bootstrap, topics, **options)
     writer = BatchWriter(output, catalog_topic, table_topics, compact_interval_s, hints)
     ckpt = str(checkpoint or Path(output) / "_checkpoint")
@@ -847,27 +847,28 @@ def start_query(
 
 
 def catalog_hints(
-    spark: Any, bootstrap: str, catalog_topic: str, tables: list[str], options: dict[str, Any]
+    bootstrap: str, catalog_topic: str, tables: list[str], options: dict[str, Any]
 ) -> dict[str, list[TableSchema]]:
-    """Schemas of `tables` in the catalog topic now (a batch read): decoding hints only; the
-    job's catalog state is built from the stream's own catalog records."""
-    from consumers.spark.source import SOURCE_NAME, register
+    """Schemas of `tables` in the catalog topic now: decoding hints only; the job's catalog
+    state is built from the stream's own catalog records. Read on the driver with the
+    source's batch reader (`read_now`), not as a Spark job: a job costs ~0.5 s of scheduling
+    for a topic this small."""
+    from consumers.spark.source import read_now
 
-    register(spark)
-    reader = (
-        spark.read.format(SOURCE_NAME)
-        .option("bootstrap", bootstrap)
-        .option("topics", catalog_topic)
-        .option("startingOffsets", "earliest")
-    )
+    read_options = {"bootstrap": bootstrap, "topics": catalog_topic, "startingOffsets": "earliest"}
     for key, value in options.items():
         if key.lower().startswith("kafka.") or key.lower() == "polltimeoutms":
-            reader = reader.option(key, str(value))
+            read_options[key] = str(value)
+    records: list[tuple[int, bytes]] = []
+    for batch in read_now(read_options):
+        offsets = batch.column("offset").to_pylist()
+        values = batch.column("value").to_pylist()
+        records.extend((int(o), bytes(v or b"")) for o, v in zip(offsets, values, strict=True))
     scratch = Progress(catalog_topic=catalog_topic)
     for name in tables:
         scratch.tables[name] = TableProgress(name, "")
-    for row in sorted(reader.load().select("offset", "value").collect(), key=lambda r: r["offset"]):
-        apply_catalog(scratch, decode_logtail(bytes(row["value"])))
+    for _, value in sorted(records):
+        apply_catalog(scratch, decode_logtail(value))
     return {
         name: [s for inc in tp.incarnations for _, s in inc.schemas]
         for name, tp in scratch.tables.items()

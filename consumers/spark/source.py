@@ -303,6 +303,15 @@ class KwalKafkaBatchReader(_ReaderBase, DataSourceReader):
         return self._read(partition)
 
 
+def read_now(options: Mapping[str, str]) -> Iterator[pa.RecordBatch]:
+    """What a batch read with `options` returns (`startingOffsets` to the real end now, as
+    record batches of the source's schema), read in this process with confluent-kafka: no
+    Spark job, for small topics the driver needs before a query starts (the catalog)."""
+    reader = KwalKafkaBatchReader(SourceOptions.parse(options, streaming=False), SOURCE_SCHEMA)
+    for partition in reader.partitions():
+        yield from reader.read(partition)
+
+
 def _backlog(begin: Mapping[TopicPartitionKey, int], ends: Mapping[TopicPartitionKey, int]) -> int:
     return sum(max(0, e - begin.get(k, 0)) for k, e in ends.items())
 

@@ -50,3 +50,24 @@ def test_a_garbled_message_header_is_refused(at: int) -> None:
     garbled[at] ^= 0xFF
     with pytest.raises(DecodeError):
         ipc_to_table(bytes(garbled))
+
+
+def test_streams_of_alternating_schemas_read_back_with_their_own_schema() -> None:
+    """The schema cache (keyed by the schema message's bytes) gives each stream its own
+    schema, also when streams of two tables (and a renamed column) alternate."""
+    other = pa.table({"id": pa.array([1, 2], pa.int64()), "w": pa.array([0.5, 1.5])})
+    renamed = TABLE.rename_columns(["id", "v2"])
+    for _ in range(3):
+        for table in (TABLE, other, renamed):
+            got = ipc_to_table(table_to_ipc(table))
+            assert got.equals(table) and got.schema.names == table.schema.names
+
+
+@pytest.mark.parametrize("at", [0, 4, 5])
+def test_a_garbled_schema_frame_is_refused_once_the_schema_is_cached(at: int) -> None:
+    data = table_to_ipc(TABLE)
+    assert ipc_to_table(data).equals(TABLE)  # cached now
+    garbled = bytearray(data)
+    garbled[at] ^= 0xFF
+    with pytest.raises(DecodeError):
+        ipc_to_table(bytes(garbled))
