@@ -30,7 +30,8 @@ def arrow_schema(schema: TableSchema) -> pa.Schema:
 # What a stream writer puts last: continuation marker + zero-length message. A
 # stream cut right after a complete message is otherwise indistinguishable from
 # a shorter stream (cut after the schema it reads as an empty table).
-_END_OF_STREAM = b"\xff\xff\xff\xff\x00\x00\x00\x00"
+_CONTINUATION = b"\xff\xff\xff\xff"  # what starts every encapsulated message
+_END_OF_STREAM = _CONTINUATION + bytes(4)
 
 
 def preload() -> None:
@@ -83,7 +84,6 @@ def ipc_to_table(data: bytes, validate: bool = True) -> pa.Table:
     return table
 
 
-_CONTINUATION = b"\xff\xff\xff\xff"
 _SCHEMAS: dict[bytes, pa.Schema] = {}  # schema message bytes -> schema (`_read_schema`)
 _SCHEMAS_MAX = 1024
 

@@ -1,10 +1,9 @@
-"""What every benchmark shares: percentiles, CPU time, and the one JSON line it prints."""
+"""What every benchmark shares: percentiles and the one JSON line it prints."""
 
 from __future__ import annotations
 
 import json
 import sys
-import time
 from collections.abc import Sequence
 from typing import Any, TextIO
 
@@ -28,8 +27,3 @@ def emit(result: dict[str, Any], out: TextIO | None = None) -> None:
 def ratio(a: float, b: float) -> float:
     return round(a / b, 3) if b else float("inf")
 
-
-def process_cpu_s() -> float:
-    """CPU seconds (user + system, all threads) this process has used so far, to the
-    clock's resolution (`os.times` counts 10 ms ticks: too coarse for a short phase)."""
-    return time.process_time()

@@ -307,7 +307,7 @@ def test_fatal_producer_error_fails_the_writer_and_a_reopen_goes_on(
     try:
         assert [store.append(b"a%d" % i).result(10) for i in range(3)] == [1, 2, 3]
         err = KafkaError(KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER, "desync", fatal=True)
-        d._pump._fatal_error(KafkaException(err))  # what Pump._run does when poll raises it
+        d._pump._poll_failed(KafkaException(err))  # what Pump._run does when poll raises it
         with pytest.raises(AppendFailedError, match="fatal error.*reopen the log"):
             store.append(b"after").result(5)
         assert isinstance(d.failure(), AppendFailedError)

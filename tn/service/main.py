@@ -16,6 +16,7 @@ import signal
 import sys
 import threading
 from collections.abc import Sequence
+from contextlib import ExitStack
 from typing import Any
 
 from infra.config import KwalConfig
@@ -147,21 +148,25 @@ def _serve(cfg: KwalConfig, stop: threading.Event) -> int | BaseException:
     from tn.service.service import TnService
 
     ensure_topics(cfg)
-    log = LogStore(open_driver(cfg))
-    try:
+    # Each part is closed, in reverse order, however this incarnation ends: also when a
+    # later part fails to start, which on a reopen must not leave the earlier ones running.
+    with ExitStack() as parts:
+        log = LogStore(open_driver(cfg))
+        parts.callback(log.close)
         recovered = recover_from_config(log, cfg)
-    except BaseException:
-        log.close()
-        raise
-    engine = recovered.engine
-    logtail = attach_logtail(
-        engine, cfg, republish=(decode_entry(r.payload) for r in log.records())
-    )
-    checkpoints = start_checkpoints(recovered, cfg, logtail=logtail)
-    service = TnService(cfg, engine)
-    status = _status_publisher(cfg, log)
-    freeze_startup_heap()
-    try:
+        engine = recovered.engine
+        parts.callback(engine.close)
+        logtail = attach_logtail(
+            engine, cfg, republish=(decode_entry(r.payload) for r in log.records())
+        )
+        parts.callback(logtail.close)
+        checkpoints = start_checkpoints(recovered, cfg, logtail=logtail)
+        parts.callback(checkpoints.stop)
+        service = TnService(cfg, engine)
+        status = _status_publisher(cfg, log)
+        if status is not None:
+            parts.callback(status.stop)
+        freeze_startup_heap()
         service.start()
         print(f"kwal-tn ready {cfg.topics.requests}", file=sys.stderr, flush=True)
         while not stop.wait(0.2):
@@ -173,13 +178,6 @@ def _serve(cfg: KwalConfig, stop: threading.Event) -> int | BaseException:
                 print("kwal-tn: a service thread died", file=sys.stderr, flush=True)
                 return 1
         service.stop()
-    finally:
-        if status is not None:
-            status.stop()
-        checkpoints.stop()
-        logtail.close()
-        engine.close()
-        log.close()
     return 0
 
 

@@ -178,7 +178,7 @@ class TnService:
         self.progress_interval_s = progress_interval_s
         self.partition = 0
         self._stop = threading.Event()
-        self._log_failure: BaseException | None = None  # set once, by `_halt`
+        self._halt_logged = False  # `_halted_by_log` said so once
         self._out: queue.SimpleQueue[tuple[TxnResult, bytes | None, int] | None] = (
             queue.SimpleQueue()
         )
@@ -252,28 +252,28 @@ class TnService:
 
     @property
     def log_failure(self) -> BaseException | None:
-        """The log failure that halted the service (see "A log failure"), or None. The
-        engine's own counts too: a checkpoint's commit can be the one that met it."""
-        return self._log_failure or self.engine.log_failure
+        """The engine's log failure, which halts the service (see "A log failure"), or None.
+        The engine's, not only what the service's own commits met: a checkpoint's commit
+        can be the one that met it."""
+        return self.engine.log_failure
 
     def _halted_by_log(self, e: BaseException) -> bool:
         """Is `e` the engine's log failure (outcome unknown), not a verdict on the request?
-        If so the service halts: the request stays unanswered until the log is reopened."""
-        if isinstance(e, LogFailedError) or (
-            isinstance(e, EngineClosedError) and self.engine.log_failure is not None
-        ):
-            if self._log_failure is None:
-                self._log_failure = self.engine.log_failure or e
-                log.error(
-                    "the engine stopped after a log failure; the service stops consuming and "
-                    "leaves the requests it could not commit unanswered until the log is "
-                    "reopened: %s",
-                    self._log_failure,
-                )
-            with self._lock:
-                self._lock.notify_all()
-            return True
-        return False
+        If so the service halts: the request stays unanswered until the log is reopened.
+        (The engine records its failure before it fails any commit with it.)"""
+        failure = self.engine.log_failure
+        if failure is None or not isinstance(e, LogFailedError | EngineClosedError):
+            return False
+        if not self._halt_logged:
+            self._halt_logged = True
+            log.error(
+                "the engine stopped after a log failure; the service stops consuming and "
+                "leaves the requests it could not commit unanswered: %s",
+                failure,
+            )
+        with self._lock:
+            self._lock.notify_all()
+        return True
 
     # ---- recovery -------------------------------------------------------------------------
 

@@ -80,7 +80,7 @@ class Pump:
             try:
                 self._producer.poll(0.02)
             except KafkaException as e:  # librdkafka raises fatal errors from poll
-                self._fatal_error(e)
+                self._poll_failed(e)
             except Exception:  # noqa: BLE001 - a delivery callback's bug must not stop acks
                 log.exception("%s: error while serving the producer", self._thread.name)
             for fn in self._ticks:
@@ -89,22 +89,24 @@ class Pump:
                 except Exception:  # noqa: BLE001 - the watchdog goes on
                     log.exception("%s: periodic check failed", self._thread.name)
 
-    def _fatal_error(self, e: KafkaException) -> None:
+    def _poll_failed(self, e: KafkaException) -> None:
+        """`poll` raised: a fatal error is reported to the on_fatal hooks once (later ones
+        are the same spent producer: the loop slows down and keeps serving the ticks);
+        anything else is logged."""
         err = e.args[0] if e.args else None
         if not (isinstance(err, KafkaError) and err.fatal()):
             log.warning("%s: producer error: %s", self._thread.name, e)
             return
-        first = self._fatal is None
-        if first:
-            self._fatal = e
-            log.error("%s: fatal producer error, the WAL writer stops: %s", self._thread.name, e)
-        for fn in self._on_fatal if first else ():
+        if self._fatal is not None:
+            time.sleep(0.05)
+            return
+        self._fatal = e
+        log.error("%s: fatal producer error, the WAL writer stops: %s", self._thread.name, e)
+        for fn in self._on_fatal:
             try:
                 fn(e)
             except Exception:  # noqa: BLE001
                 log.exception("%s: on_fatal hook failed", self._thread.name)
-        if not first:
-            time.sleep(0.05)  # the producer is spent; keep serving the ticks, slowly
 
     def pause(self) -> None:
         """Stop serving deliveries and ticks until `resume()` (fault tests use it to hold acks)."""
