@@ -26,3 +26,8 @@ class BelowHorizonError(CNError):
 
 class BootstrapError(CNError):
     """The CN cannot (re)build its state from the object store's newest checkpoint."""
+
+
+class SchemaMismatchError(CNError):
+    """A table's records carry a column that no schema the catalog topic declared for the
+    table has, at or before the records' ts: the producer and the catalog disagree."""

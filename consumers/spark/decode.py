@@ -31,6 +31,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from consumers.core.exceptions import SchemaMismatchError
 from schemas.arrow_ipc import ARROW_TYPES, ipc_to_table
 from schemas.logtail import (
     COMMIT_TS,
@@ -96,32 +97,39 @@ class ChangeBuilder:
 
     def __init__(self, target: pa.Schema) -> None:
         self.target = target
+        self.names = frozenset(target.names)
         # per op (I, D): the records' Arrow tables, and (rows, lsn, offset) of each
         self.tables: dict[str, list[pa.Table]] = {INSERT: [], DELETE: []}
         self.where: dict[str, list[tuple[int, int, int]]] = {INSERT: [], DELETE: []}
         self.controls: list[tuple[str, int, int, int, str | None]] = []
         self.rows = 0
 
-    def add(self, record: LogtailRecord, offset: int) -> None:
+    def add(self, record: LogtailRecord, offset: int) -> bool:
+        """Add one record's change rows. False, with nothing added, when its rows carry a
+        user column the target lacks (an ALTER TABLE the caller's plan does not know yet):
+        the caller keeps the record undecoded rather than drop the column's values."""
         body = record.body
         if isinstance(body, Changes):
-            before = self.rows
+            parts = []
             for op, data in ((INSERT, body.inserts), (DELETE, body.deletes)):
                 if data is None:
                     continue
                 t = ipc_to_table(data)
-                n = t.num_rows
-                if n == 0:
+                if t.num_rows == 0:
                     continue
+                if not self.names.issuperset(t.column_names):
+                    return False
+                parts.append((op, t))
+            for op, t in parts:
                 self.tables[op].append(t)
-                self.where[op].append((n, record.lsn, offset))
-                self.rows += n
-            if self.rows > before:
-                return
+                self.where[op].append((t.num_rows, record.lsn, offset))
+                self.rows += t.num_rows
+            if parts:
+                return True
             # a transaction with no rows here still advances the watermark: keep it as H
             self.controls.append((HEARTBEAT, record.commit_ts, record.lsn, offset, None))
             self.rows += 1
-            return
+            return True
         if isinstance(body, BlockMeta):
             self.controls.append((BLOCK, record.commit_ts, record.lsn, offset, _block_meta_json(body)))
         elif isinstance(body, Checkpoint):
@@ -129,6 +137,7 @@ class ChangeBuilder:
         else:  # Heartbeat (a Catalog record on a table topic is not expected: treated alike)
             self.controls.append((HEARTBEAT, record.commit_ts, record.lsn, offset, None))
         self.rows += 1
+        return True
 
     def _rows_of(self, op: str) -> pa.Table | None:
         tables = self.tables[op]
@@ -181,13 +190,20 @@ def decode_changes(
     batches: Iterable[pa.RecordBatch], target: pa.Schema, max_rows: int = 65536
 ) -> Iterator[pa.RecordBatch]:
     """`mapInArrow` body: record batches with `value` (binary) and `offset` (long) columns
-    -> change rows of one table (schema `target`)."""
+    -> change rows of one table (schema `target`). The caller knows the records' columns
+    (`changed_columns`): a record with a column `target` lacks is a SchemaMismatchError."""
     builder = ChangeBuilder(target)
     for batch in batches:
         values = batch.column("value").to_pylist()
         offsets = batch.column("offset").to_pylist()
         for value, offset in zip(values, offsets, strict=True):
-            builder.add(decode_logtail(value or b""), offset)
+            record = decode_logtail(value or b"")
+            if not builder.add(record, offset):
+                missing = sorted(set(changed_columns(record)) - builder.names)
+                raise SchemaMismatchError(
+                    f"{record.database}.{record.table}: the record at offset {offset} (ts "
+                    f"{record.commit_ts}) has columns {missing}, which its table's schema lacks"
+                )
             if builder.rows >= max_rows:
                 out = builder.flush()
                 if out is not None:
@@ -281,10 +297,23 @@ def _widen(local: pa.RecordBatch, index: int, target: pa.Schema) -> pa.RecordBat
     return pa.RecordBatch.from_arrays(arrays, schema=target)
 
 
+def changed_columns(record: LogtailRecord) -> list[str]:
+    """The user columns a Changes record's rows carry (sorted); [] for other records."""
+    body = record.body
+    if not isinstance(body, Changes):
+        return []
+    names: set[str] = set()
+    for data in (body.inserts, body.deletes):
+        if data is not None:
+            names.update(ipc_to_table(data).column_names)
+    return sorted(names - {ROW_ID, COMMIT_TS})
+
+
 def _raw_rows(
-    rows: list[tuple[int, str, int, int, int, bytes]], target: pa.Schema
+    rows: list[tuple[int, str, int, int, int, str | None, bytes]], target: pa.Schema
 ) -> pa.RecordBatch:
-    """Rows that keep the record's bytes: (table index, op, commit ts, lsn, offset, value)."""
+    """Rows that keep the record's bytes: (table index, op, commit ts, lsn, offset, meta,
+    value)."""
     cols = list(zip(*rows, strict=True))
     n = len(rows)
     given = {
@@ -293,7 +322,8 @@ def _raw_rows(
         COMMIT_TS: pa.array(cols[2], pa.int64()),
         LSN: pa.array(cols[3], pa.int64()),
         OFFSET: pa.array(cols[4], pa.int64()),
-        RAW: pa.array(cols[5], pa.binary()),
+        META: pa.array(cols[5], pa.string()),
+        RAW: pa.array(cols[6], pa.binary()),
     }
     arrays = [given[f.name] if f.name in given else pa.nulls(n, f.type) for f in target]
     return pa.RecordBatch.from_arrays(arrays, schema=target)
@@ -307,13 +337,15 @@ def decode_all(
 ) -> Iterator[pa.RecordBatch]:
     """`mapInArrow` body over raw Kafka records (`topic`, `offset`, `value`) of the catalog
     (index `CATALOG_INDEX`) and table topics (`topics`: topic -> index): change rows of every
-    table in `wide_schema(plan)`. Catalog records, and records of a table whose schema is
-    not known (plan None), are kept whole (`__op` K / R, bytes in `__raw`)."""
+    table in `wide_schema(plan)`. Records are kept whole (bytes in `__raw`) when they cannot
+    be decoded with the plan: catalog records (`__op` K); records of a table whose schema is
+    not known (plan None), or that carry a column the plan lacks (an ALTER TABLE not seen
+    yet) -- `__op` R, `__meta` the JSON list of their `changed_columns`."""
     target = wide_schema(plan)
     builders = {
         i: ChangeBuilder(change_schema(cols)) for i, cols in plan.items() if cols is not None
     }
-    raw: list[tuple[int, str, int, int, int, bytes]] = []
+    raw: list[tuple[int, str, int, int, int, str | None, bytes]] = []
 
     def flush() -> Iterator[pa.RecordBatch]:
         nonlocal raw
@@ -335,15 +367,17 @@ def decode_all(
             if index is None:
                 continue
             data = value or b""
+            record = decode_logtail(data)
             builder = builders.get(index)
-            if builder is not None:
-                before = builder.rows
-                builder.add(decode_logtail(data), offset)
+            before = builder.rows if builder is not None else 0
+            if builder is not None and builder.add(record, offset):
                 pending += builder.rows - before
             else:
-                record = decode_logtail(data)
-                op = CATALOG_RECORD if index == CATALOG_INDEX else RAW_RECORD
-                raw.append((index, op, record.commit_ts, record.lsn, offset, data))
+                if index == CATALOG_INDEX:
+                    op, meta = CATALOG_RECORD, None
+                else:
+                    op, meta = RAW_RECORD, json.dumps(changed_columns(record))
+                raw.append((index, op, record.commit_ts, record.lsn, offset, meta, data))
                 pending += 1
             if pending >= max_rows:
                 yield from flush()

@@ -109,7 +109,12 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from consumers.core.exceptions import AboveWatermarkError, NotSubscribedError, TableNotFoundError
+from consumers.core.exceptions import (
+    AboveWatermarkError,
+    NotSubscribedError,
+    SchemaMismatchError,
+    TableNotFoundError,
+)
 from consumers.spark.decode import (
     BLOCK,
     CATALOG_INDEX,
@@ -199,12 +204,14 @@ class Incarnation:
 class TableProgress:
     name: str  # db.table
     topic: str
-    watermark: int = 0  # highest commit/heartbeat ts applied from the table's topic
+    watermark: int = 0  # highest commit/heartbeat ts decoded from the table's topic
     incarnations: list[Incarnation] = field(default_factory=list)
     state_batch: int | None = None  # state/batch=<id> holds the current state
     state_create_ts: int = 0  # the incarnation the state belongs to
     index: int = 0  # the table's number in the change log's wide schema (stable)
     pending: list[int] = field(default_factory=list)  # batches with its records undecoded (R)
+    pending_columns: list[str] = field(default_factory=list)  # the columns those records carry
+    pending_ts: tuple[int, int] = (0, 0)  # the lowest and highest commit ts among them
     change_rows: int = 0  # inserts + deletes in the change log
     blocks: dict[str, str] = field(default_factory=dict)  # block id -> BlockMeta JSON
     last_checkpoint: str = ""
@@ -216,6 +223,14 @@ class TableProgress:
     @property
     def current(self) -> Incarnation | None:
         return self.incarnations[-1] if self.incarnations else None
+
+    @property
+    def applied_ts(self) -> int:
+        """Every change of the table's topic with commit ts <= this is in the change log:
+        the watermark, held below the first record still undecoded."""
+        if self.pending:
+            return min(self.watermark, self.pending_ts[0] - 1)
+        return self.watermark
 
     def columns(self) -> list[ColumnDef]:
         inc = self.current
@@ -238,6 +253,8 @@ class TableProgress:
             "state_create_ts": self.state_create_ts,
             "index": self.index,
             "pending": self.pending,
+            "pending_columns": self.pending_columns,
+            "pending_ts": list(self.pending_ts),
             "change_rows": self.change_rows,
             "blocks": self.blocks,
             "last_checkpoint": self.last_checkpoint,
@@ -257,6 +274,8 @@ class TableProgress:
             int(d["state_create_ts"]),
             int(d["index"]),
             [int(b) for b in d["pending"]],
+            list(d.get("pending_columns", [])),
+            _ts_range(d.get("pending_ts", (0, 0))),
             int(d["change_rows"]),
             dict(d["blocks"]),
             d["last_checkpoint"],
@@ -306,11 +325,11 @@ class Progress:
                 return 0
             if tp.current.drop_ts:  # nothing more will come on its topic
                 return self.catalog_watermark
-            return min(self.catalog_watermark, tp.watermark)
+            return min(self.catalog_watermark, tp.applied_ts)
         # A dropped table's topic stops: it no longer holds the job's watermark back.
         marks = [self.catalog_watermark]
         marks.extend(
-            tp.watermark
+            tp.applied_ts
             for tp in self.tables.values()
             if tp.current is not None and not tp.current.drop_ts
         )
@@ -494,15 +513,18 @@ class BatchWriter:
         ):
             apply_catalog(prog, decode_logtail(value))
         stats = {n: _read_local(bdir / f"{TABLE}={prog.tables[n].index}", _STAT_COLS) for n in self.tables}
-        if any(_has_raw(stats[n]) and prog.tables[n].current is not None for n in self.tables):
-            # a table created in this very batch: decode the batch again, with its schema
-            plan = self._plan(prog)
-            self._pass(df, bdir, prog, plan)
+        replan = self._plan(prog)
+        if any(_has_raw(stats[n]) and replan[prog.tables[n].index] != plan[prog.tables[n].index] for n in self.tables):
+            # a table created, or altered, in this very batch: decode the batch again with
+            # the schemas its catalog records brought
+            self._pass(df, bdir, prog, replan)
             stats = {n: _read_local(bdir / f"{TABLE}={prog.tables[n].index}", _STAT_COLS) for n in self.tables}
         self._lap("stats")
         old_states: list[Path] = []
         for name in self.tables:
-            self._apply_table(spark, batch_id, prog.tables[name], stats[name], old_states)
+            self._apply_table(
+                spark, batch_id, prog.tables[name], stats[name], prog.catalog_watermark, old_states
+            )
         prog.batch_id = batch_id
         prog.committed_at = time.time()
         _write_progress(self.output, prog)  # the commit
@@ -514,7 +536,13 @@ class BatchWriter:
             print(f"[kwal cn spark] batch {batch_id}: {self.timings}", file=sys.stderr, flush=True)
 
     def _apply_table(
-        self, spark: Any, batch_id: int, tp: TableProgress, stats: pa.Table, old_states: list[Path]
+        self,
+        spark: Any,
+        batch_id: int,
+        tp: TableProgress,
+        stats: pa.Table,
+        catalog_watermark: int,
+        old_states: list[Path],
     ) -> None:
         from pyspark.sql import functions as F
 
@@ -523,9 +551,9 @@ class BatchWriter:
             rel = f"{CHANGES}/batch={batch_id}/{TABLE}={tp.index}"
             tp.change_dirs.append([batch_id, rel, wide_name(tp.index, "")])
             if _has_raw(stats):
-                tp.pending.append(batch_id)  # no create_table seen yet: decode later
+                _hold(tp, batch_id, stats)  # no create_table or alter seen yet: decode later
             changed += _absorb(tp, stats)
-        if tp.pending and tp.current is not None:
+        if tp.pending and _decodable(tp, catalog_watermark):
             paths = [
                 str(Path(self.output) / CHANGES / f"batch={b}" / f"{TABLE}={tp.index}")
                 for b in tp.pending
@@ -541,7 +569,7 @@ class BatchWriter:
                 str(rdir)
             )
             tp.change_dirs.append([batch_id, str(rdir.relative_to(self.output)), ""])
-            tp.pending = []
+            tp.pending, tp.pending_columns, tp.pending_ts = [], [], (0, 0)
             changed += _absorb(tp, _read_local(rdir, _STAT_COLS))
         self._lap("redecode")
         if tp.current is not None:
@@ -558,7 +586,8 @@ class BatchWriter:
     ) -> None:
         """state/batch=<id> = the previous state merged with the change log after it, when
         `compact_interval_s` has passed since the last compaction (or since the incarnation
-        began); readers merge the change-log tail themselves in between."""
+        began) and no record of the table waits undecoded; readers merge the change-log tail
+        themselves in between."""
         inc = tp.current
         assert inc is not None
         tdir = _table_dir(self.output, tp.name)
@@ -580,6 +609,10 @@ class BatchWriter:
             tp.compacted_at = time.time()
         tp.uncompacted += changed
         if tp.uncompacted == 0 or time.time() - tp.compacted_at < self.compact_interval_s:
+            return
+        if tp.pending:
+            # undecoded records may be older than changes already decoded (a delete of a
+            # row they insert): a state compacted now would let them win when decoded
             return
         base = tp.state_batch
         state = _merge(spark, self.output, tp, base, tp.dirs_after(base, batch_id), inc)
@@ -646,6 +679,43 @@ _STAT_COLS = [OP, COMMIT_TS, META]
 
 def _has_raw(stats: pa.Table) -> bool:
     return stats.num_rows > 0 and bool(pc.any(pc.equal(stats.column(OP), RAW_RECORD)).as_py())
+
+
+def _ts_range(value: Sequence[int]) -> tuple[int, int]:
+    lo, hi = value
+    return int(lo), int(hi)
+
+
+def _hold(tp: TableProgress, batch_id: int, stats: pa.Table) -> None:
+    """Note a batch's undecoded records (R) in `tp`: the batch, the columns they carry (their
+    `__meta`) and their highest ts. They hold the table's watermark: `_absorb` skips them."""
+    raw = stats.filter(pc.equal(stats.column(OP), RAW_RECORD))
+    columns = set(tp.pending_columns)
+    for meta in raw.column(META).to_pylist():
+        columns.update(json.loads(meta) if meta else [])
+    span = pc.min_max(raw.column(COMMIT_TS))
+    lo, hi = int(span["min"].as_py()), int(span["max"].as_py())
+    if tp.pending:
+        lo, hi = min(lo, tp.pending_ts[0]), max(hi, tp.pending_ts[1])
+    tp.pending.append(batch_id)
+    tp.pending_columns = sorted(columns)
+    tp.pending_ts = (lo, hi)
+
+
+def _decodable(tp: TableProgress, catalog_watermark: int) -> bool:
+    """Whether `tp`'s undecoded records can be decoded now: the table exists and its schemas
+    have every column they carry. Once the catalog topic is past their ts, no ALTER TABLE can
+    still bring a missing column: SchemaMismatchError (the records would otherwise hold the
+    watermark, unseen, forever)."""
+    if tp.current is None:
+        return False
+    missing = set(tp.pending_columns) - {c.name for c in tp.columns()}
+    if missing and catalog_watermark >= tp.pending_ts[1]:
+        raise SchemaMismatchError(
+            f"{tp.name}: records up to ts {tp.pending_ts[1]} carry columns {sorted(missing)}, "
+            f"which no schema the catalog topic declared (up to ts {catalog_watermark}) has"
+        )
+    return not missing
 
 
 def _absorb(tp: TableProgress, stats: pa.Table) -> int:
@@ -737,7 +807,7 @@ def watermark(output: str | Path, table: str | None = None) -> int:
 def state_ts(output: str | Path, table: str) -> int:
     """The ts the current state (`read_state`) reflects: every change of the table's topic
     with commit ts <= it is applied (>= `watermark`, which the catalog also caps)."""
-    return _committed(output).table(table).watermark
+    return _committed(output).table(table).applied_ts
 
 
 def _user_columns(df: Any, schema: TableSchema) -> Any:

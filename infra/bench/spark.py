@@ -217,7 +217,7 @@ def _latency(
         deadline = time.monotonic() + 120
         while True:  # the first batches (catch-up) are not measured
             prog = load_progress(out)
-            if prog is not None and prog.tables[name].watermark >= w.ts:
+            if prog is not None and prog.tables[name].applied_ts >= w.ts:
                 break
             if time.monotonic() > deadline or q.exception() is not None:
                 raise RuntimeError(f"bench latency: the job did not catch up: {q.exception()}")

@@ -224,3 +224,67 @@ def test_late_create_table_and_replayed_batches(
     # a replay of a committed batch is skipped
     writer.process_batch(last, 2)
     assert writer.batches_skipped == 1
+
+
+def test_alter_table_add_column_mid_stream_keeps_the_new_values(
+    spark: Any, kwal_config: KwalConfig, tmp_path: Path
+) -> None:
+    """ALTER TABLE ADD COLUMN after the job planned its batch (`process_batch` directly, no
+    hints): (1) the alter's catalog record in the same batch as the first rows that carry
+    the column; (2) rows carrying a second new column a batch before its catalog record (the
+    catalog topic lags). Neither column's values may be lost, and the watermark may not pass
+    rows the job could not yet decode."""
+    from schemas.wal import ColumnType
+
+    cfg = kwal_config
+    wl = Workload(cfg)
+    wl.create(A)
+    wl.random_txns([A], 15)
+    wl.heartbeat()
+    first = len(wl.records)
+    wl.alter_add(A, "extra", ColumnType.INT64)
+    wl.random_txns([A], 15)
+    wl.heartbeat()
+    second = len(wl.records)
+    wl.alter_add(A, "note", ColumnType.STRING)
+    wl.random_txns([A], 15)
+    wl.heartbeat()
+    offsets: dict[str, int] = {}
+    rows = []
+    for topic, r in wl.records:
+        rows.append((topic, offsets.setdefault(topic, 0), encode_logtail(r)))
+        offsets[topic] += 1
+    catalog = cfg.topics.catalog
+    batches = [
+        rows[:first],
+        rows[first:second],  # alter 1 + rows with `extra`
+        [r for r in rows[second:] if r[0] != catalog],  # rows with `note`, before its alter
+        [r for r in rows[second:] if r[0] == catalog],  # alter 2, late
+    ]
+    schema = "topic string, offset bigint, value binary"
+    output = tmp_path / "out"
+    writer = BatchWriter(output, catalog, {A: cfg.topics.logtail("db", "a")}, compact_interval_s=0)
+
+    def check(upto: int) -> None:
+        oracle = wl.oracle([A], upto=upto)
+        got = _rows(read_state(spark, output, A))
+        assert got == _oracle_rows(oracle.snapshot(A, state_ts(output, A)))
+
+    writer.process_batch(spark.createDataFrame(batches[0], schema), 0)
+    check(first)
+    writer.process_batch(spark.createDataFrame(batches[1], schema), 1)
+    check(second)
+    assert any(r["extra"] is not None for r in _rows(read_state(spark, output, A)))
+    alter2_ts = wl.records[second][1].commit_ts
+    writer.process_batch(spark.createDataFrame(batches[2], schema), 2)
+    mark = watermark(output, A)
+    assert mark < alter2_ts, "the watermark passed rows not yet decoded"
+    first_note_ts = min(r.commit_ts for t, r in wl.records[second:] if t != catalog)
+    assert state_ts(output, A) < first_note_ts, "the state claims rows not yet decoded"
+    expected = _oracle_rows(wl.oracle([A], upto=second).snapshot(A, mark))
+    assert _rows(read_as_of(spark, output, A, mark)) == expected
+    writer.process_batch(spark.createDataFrame(batches[3], schema), 3)
+    check(len(wl.records))
+    state = _rows(read_state(spark, output, A))
+    assert any(r["note"] is not None for r in state)
+    assert watermark(output, A) == wl.oracle([A]).watermark(A)

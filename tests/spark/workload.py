@@ -44,6 +44,14 @@ _EMPTY = pa.schema(
 ).empty_table()
 
 
+def _added_values(column: ColumnDef, pks: list[int]) -> pa.Array:
+    """Values of a column added by `Workload.alter_add` (string or int64), derived from the
+    primary key so a lost or misplaced value shows."""
+    if column.type is ColumnType.STRING:
+        return pa.array([f"{column.name}-{pk}" for pk in pks], pa.string())
+    return pa.array([pk * 10 + column.column_id for pk in pks], pa.int64())
+
+
 @dataclass
 class _Table:
     name: str  # db.table
@@ -51,6 +59,7 @@ class _Table:
     next_offset: int = 0
     live: dict[int, int] = field(default_factory=dict)  # pk -> row id
     next_pk: int = 0
+    schema: TableSchema = SCHEMA
 
 
 @dataclass
@@ -86,6 +95,18 @@ class Workload:
         self.tables[table] = _Table(table, self._block)
         self._block += 1
         self._add(self.cfg.topics.catalog, LogtailRecord(db, name, ts, Catalog(CatalogOp.CREATE_TABLE, 1, SCHEMA), 7, lsn))
+
+    def alter_add(self, table: str, column: str, type: ColumnType) -> None:
+        """ALTER TABLE ADD COLUMN: a catalog record with the new schema; later rows carry
+        the column."""
+        ts, lsn = self._next()
+        t = self.tables[table]
+        cols = t.schema.columns
+        new = ColumnDef(max(c.column_id for c in cols) + 1, column, type)
+        t.schema = TableSchema((*cols, new), t.schema.primary_key)
+        db, _, name = table.partition(".")
+        body = Catalog(CatalogOp.ALTER_TABLE, 1, t.schema)
+        self._add(self.cfg.topics.catalog, LogtailRecord(db, name, ts, body, 7, lsn))
 
     def drop(self, table: str) -> None:
         ts, lsn = self._next()
@@ -142,20 +163,21 @@ class Workload:
         body_ins = body_del = None
         if new_pks:
             n = len(new_pks)
-            cols = arrow_schema(SCHEMA)
-            ins_table = pa.table(
-                    {
-                        ROW_ID: pa.array(ins_ids, pa.int64()),
-                        COMMIT_TS: pa.array([ts] * n, pa.int64()),
-                        "id": pa.array(new_pks, pa.int64()),
-                        "name": pa.array(
-                            [None if self.rng.random() < 0.1 else f"n{pk}-{ts}" for pk in new_pks],
-                            pa.string(),
-                        ),
-                        "score": pa.array([self.rng.random() * 100 for _ in new_pks], pa.float64()),
-                        "at": pa.array([ts * 1000] * n, pa.int64()).cast(cols.field("at").type),
-                    }
-                )
+            cols = arrow_schema(t.schema)
+            data = {
+                ROW_ID: pa.array(ins_ids, pa.int64()),
+                COMMIT_TS: pa.array([ts] * n, pa.int64()),
+                "id": pa.array(new_pks, pa.int64()),
+                "name": pa.array(
+                    [None if self.rng.random() < 0.1 else f"n{pk}-{ts}" for pk in new_pks],
+                    pa.string(),
+                ),
+                "score": pa.array([self.rng.random() * 100 for _ in new_pks], pa.float64()),
+                "at": pa.array([ts * 1000] * n, pa.int64()).cast(cols.field("at").type),
+            }
+            for c in t.schema.columns[len(SCHEMA.columns):]:  # added by alter_add
+                data[c.name] = _added_values(c, new_pks)
+            ins_table = pa.table(data)
             self.inserted.setdefault(table, []).append(ins_table)
             body_ins = table_to_ipc(ins_table)
         if del_rows:
