@@ -274,6 +274,33 @@ def wide_schema(plan: Mapping[int, Sequence[ColumnDef] | None]) -> pa.Schema:
     return pa.schema(fields)
 
 
+def plan_to_json(topics: Mapping[str, int], plan: Mapping[int, Sequence[ColumnDef] | None]) -> str:
+    """A decoding plan as text, for the source's `decode` option: `topics` (topic -> table
+    index, `CATALOG_INDEX` for the catalog topic) and `plan` (index -> its columns, or None
+    while the table's schema is unknown)."""
+    return json.dumps(
+        {
+            "topics": dict(topics),
+            "plan": {
+                str(i): None if cols is None else [[c.column_id, c.name, c.type.value, c.nullable] for c in cols]
+                for i, cols in plan.items()
+            },
+        },
+        sort_keys=True,
+    )
+
+
+def plan_from_json(text: str) -> tuple[dict[str, int], dict[int, list[ColumnDef] | None]]:
+    """`plan_to_json`'s inverse."""
+    d = json.loads(text)
+    plan: dict[int, list[ColumnDef] | None] = {}
+    for index, cols in d["plan"].items():
+        plan[int(index)] = (
+            None if cols is None else [ColumnDef(int(i), n, ColumnType(t), bool(nl)) for i, n, t, nl in cols]
+        )
+    return {str(t): int(i) for t, i in d["topics"].items()}, plan
+
+
 def wide_ddl(plan: Mapping[int, Sequence[ColumnDef] | None]) -> str:
     parts = [f"`{TABLE}` int", change_ddl([]), f"`{RAW}` binary"]
     for index, cols in sorted(plan.items()):

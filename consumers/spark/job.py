@@ -7,10 +7,12 @@ One streaming query reads the catalog topic and the tables' logtail topics throu
 `consumers.spark.source.kafka_stream` (startingOffsets earliest) and, per micro-batch
 (`foreachBatch`, `BatchWriter.process_batch`):
 
-1. one pass over the batch's records on the executors (`mapInArrow` with
-   `consumers.spark.decode.decode_all`: Avro envelope + Arrow IPC -> typed change rows of
-   every table side by side in one wide schema, catalog records kept whole) written to the
-   change log, partitioned by table;
+1. one pass over the batch's records on the executors, written to the change log,
+   partitioned by table: `consumers.spark.decode.decode_all` (Avro envelope + Arrow IPC ->
+   typed change rows of every table side by side in one wide schema, catalog records kept
+   whole). The kwal source runs it where it reads the records (its `decode` option, with
+   the plan made when the query starts); over the built-in Kafka source it runs in a
+   `mapInArrow` with the plan of the batch;
 2. on the driver (pyarrow over the files just written, no Spark job): the catalog records
    are applied (tables' incarnations: create ts, drop ts, schema history; the catalog
    watermark), and each table's watermark, block metas and checkpoint are folded in;
@@ -20,12 +22,13 @@ One streaming query reads the catalog topic and the tables' logtail topics throu
    is; it is the commit.
 
 The decoder needs each table's schema. It comes from the committed catalog, plus hints read
-from the catalog topic when the query starts (`catalog_hints`). A table created after the
-start, whose create_table arrives in the same batch as its first records, is decoded in a
-second pass of that batch; records of a table whose create_table has not arrived at all yet
-(the catalog topic's end was probed before the TN wrote it) are kept whole (`__op` R) and
-decoded in a later batch into `<db>.<table>/redecoded/batch=<id>/`; they do not move the
-watermark until then.
+from the catalog topic when the query starts (`catalog_hints`). Records the plan cannot
+decode -- of a table created after the plan was made, or carrying a column an ALTER TABLE
+added since -- are kept whole (`__op` R) and decoded, once the catalog records that explain
+them have been applied (in the same batch or a later one), into
+`<db>.<table>/redecoded/batch=<id>/`; until then they hold the table's watermark below
+them. A table created after the query started is therefore decoded in a second step of
+every batch until the query is restarted.
 
 Layout under `output/`:
 
@@ -134,6 +137,8 @@ from consumers.spark.decode import (
     change_schema,
     decode_all,
     decode_changes,
+    plan_from_json,
+    plan_to_json,
     spark_type_name,
     union_columns,
     wide_ddl,
@@ -433,7 +438,10 @@ class BatchWriter:
 
     `hints`: table -> schemas known from the catalog topic before the query started
     (`catalog_hints`), so that the batch that carries a table's create_table can decode the
-    table's records in the same pass."""
+    table's records in the same pass.
+
+    `decoded`: the batches arrive decoded by the source with this plan (`source_plan`), not
+    as raw Kafka records."""
 
     def __init__(
         self,
@@ -442,12 +450,14 @@ class BatchWriter:
         tables: dict[str, str],
         compact_interval_s: float = 10.0,
         hints: dict[str, list[TableSchema]] | None = None,
+        decoded: str | None = None,
     ) -> None:
         self.output = str(output)
         self.compact_interval_s = compact_interval_s
         self.catalog_topic = catalog_topic
         self.tables = tables  # db.table -> topic
         self.hints = hints or {}
+        self.decoded = decoded
         self.batches_applied = 0
         self.batches_skipped = 0
         self.timings: dict[str, float] = {}  # seconds spent per step, over all batches
@@ -470,6 +480,12 @@ class BatchWriter:
                 prog.tables[name] = TableProgress(name, topic, index=index)
         return prog
 
+    def _topics(self, prog: Progress) -> dict[str, int]:
+        """topic -> table index in the wide schema (`CATALOG_INDEX` for the catalog)."""
+        topics = {self.catalog_topic: CATALOG_INDEX}
+        topics.update({prog.tables[n].topic: prog.tables[n].index for n in self.tables})
+        return topics
+
     def _plan(self, prog: Progress) -> dict[int, list[ColumnDef] | None]:
         plan: dict[int, list[ColumnDef] | None] = {}
         for name in self.tables:
@@ -479,22 +495,31 @@ class BatchWriter:
             plan[tp.index] = union_columns(schemas) if schemas else None
         return plan
 
-    def _pass(self, df: Any, bdir: Path, prog: Progress, plan: dict[int, list[ColumnDef] | None]) -> None:
+    def source_plan(self) -> str:
+        """The plan for a source that decodes (`plan_to_json`): table numbers and schemas
+        as the next batch would use them."""
+        prog = self._fresh_progress()
+        return plan_to_json(self._topics(prog), self._plan(prog))
+
+    def _pass(self, df: Any, bdir: Path, prog: Progress) -> None:
         """Decode every record of the batch (one pass, on the executors) into the change log
-        `_changes/batch=<id>/__table=<index>/`, replacing what a failed attempt left."""
-        topics = {self.catalog_topic: CATALOG_INDEX}
-        topics.update({prog.tables[n].topic: prog.tables[n].index for n in self.tables})
+        `_changes/batch=<id>/__table=<index>/`, replacing what a failed attempt left. Records
+        the plan cannot decode are kept whole (R, K): see `decode_all`."""
+        if self.decoded is not None:
+            if plan_from_json(self.decoded)[0] != self._topics(prog):
+                raise RuntimeError(
+                    f"the source decodes with table numbers {plan_from_json(self.decoded)[0]}, "
+                    f"the job's progress has {self._topics(prog)}: restart the query"
+                )
+            rows = df
+        else:
+            topics, plan = self._topics(prog), self._plan(prog)
 
-        def decode(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-            return decode_all(batches, topics, plan)
+            def decode(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+                return decode_all(batches, topics, plan)
 
-        (
-            df.select("topic", "offset", "value")
-            .mapInArrow(decode, wide_ddl(plan))
-            .write.partitionBy(TABLE)
-            .mode("overwrite")
-            .parquet(str(bdir))
-        )
+            rows = df.select("topic", "offset", "value").mapInArrow(decode, wide_ddl(plan))
+        rows.write.partitionBy(TABLE).mode("overwrite").parquet(str(bdir))
 
     def process_batch(self, df: Any, batch_id: int) -> None:
         self._t = time.perf_counter()
@@ -504,8 +529,7 @@ class BatchWriter:
             return
         spark = df.sparkSession
         bdir = Path(self.output) / CHANGES / f"batch={batch_id}"
-        plan = self._plan(prog)
-        self._pass(df, bdir, prog, plan)
+        self._pass(df, bdir, prog)
         self._lap("decode+write")
         catalog = _read_local(bdir / f"{TABLE}={CATALOG_INDEX}", [OFFSET, RAW])
         for _, value in sorted(
@@ -513,12 +537,6 @@ class BatchWriter:
         ):
             apply_catalog(prog, decode_logtail(value))
         stats = {n: _read_local(bdir / f"{TABLE}={prog.tables[n].index}", _STAT_COLS) for n in self.tables}
-        replan = self._plan(prog)
-        if any(_has_raw(stats[n]) and replan[prog.tables[n].index] != plan[prog.tables[n].index] for n in self.tables):
-            # a table created, or altered, in this very batch: decode the batch again with
-            # the schemas its catalog records brought
-            self._pass(df, bdir, prog, replan)
-            stats = {n: _read_local(bdir / f"{TABLE}={prog.tables[n].index}", _STAT_COLS) for n in self.tables}
         self._lap("stats")
         old_states: list[Path] = []
         for name in self.tables:
@@ -903,8 +921,10 @@ def start_query(
     options.update(source_options or {})
     topics = [catalog_topic, *table_topics.values()]
     hints = catalog_hints(bootstrap, catalog_topic, list(table_topics), options)
-    df = kafka_stream(spark, bootstrap, topics, **options)
     writer = BatchWriter(output, catalog_topic, table_topics, compact_interval_s, hints)
+    plan = writer.source_plan()
+    df = kafka_stream(spark, bootstrap, topics, decode=plan, **options)
+    writer.decoded = plan if TABLE in df.columns else None  # the built-in source does not decode
     ckpt = str(checkpoint or Path(output) / "_checkpoint")
     w = df.writeStream.foreachBatch(writer).option("checkpointLocation", ckpt).queryName(
         f"kwal-cn-{abs(hash(str(output))) % 10**8}"

@@ -22,6 +22,7 @@ warm-up query (Python workers start); (4) raw; (5) Spark; (6) latency.
 from __future__ import annotations
 
 import math
+import os
 import shutil
 import sys
 import tempfile
@@ -279,6 +280,8 @@ def bench(spark: Any, cfg: KwalConfig, rows: int, rows_per_txn: int, samples: in
             raise RuntimeError(f"bench raw: decoded {raw_rows} rows, not {rows}")
         _log("spark")
         spark_s, progress = _run_available_now(spark, cfg, table, work / "run", records)
+        if os.environ.get("KWAL_SPARK_TIMINGS"):
+            _log(f"spark {spark_s:.3f} s; micro-batches (ms): {progress}")
         from consumers.spark.job import read_state, watermark
 
         state_rows = read_state(spark, work / "run", f"{DB}.{table}").count()

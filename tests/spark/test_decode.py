@@ -19,9 +19,13 @@ from consumers.spark.decode import (
     changed_columns,
     decode_all,
     decode_changes,
+    plan_from_json,
+    plan_to_json,
     wide_name,
 )
 from consumers.spark.job import Incarnation, TableProgress, _decodable
+from consumers.spark.kafka_io import KafkaSourceError
+from consumers.spark.source import SourceOptions
 from schemas.arrow_ipc import table_to_ipc
 from schemas.logtail import COMMIT_TS, ROW_ID, Changes, LogtailRecord, encode_logtail
 from schemas.wal import ColumnDef, ColumnType, TableSchema
@@ -86,3 +90,13 @@ def test_undecoded_records_wait_for_their_alter_then_fail_loudly_without_it() ->
     tp.current.schemas.pop()  # type: ignore[union-attr]
     with pytest.raises(SchemaMismatchError, match=r"db\.t: .*ts 25.*\['extra'\]"):
         _decodable(tp, catalog_watermark=25)
+
+
+def test_a_decoding_plan_round_trips_and_the_source_refuses_a_bad_one() -> None:
+    topics = {"catalog": -1, "t": 0, "u": 1}
+    plan: dict[int, list[ColumnDef] | None] = {0: list(V2.columns), 1: None}
+    assert plan_from_json(plan_to_json(topics, plan)) == (topics, plan)
+    opts = {"bootstrap": "127.0.0.1:9", "topics": "t", "decode": plan_to_json(topics, plan)}
+    assert SourceOptions.parse(opts, streaming=True).decode == opts["decode"]
+    with pytest.raises(KafkaSourceError, match="'decode' option is not a decoding plan"):
+        SourceOptions.parse({**opts, "decode": '{"plan": {}}'}, streaming=True)

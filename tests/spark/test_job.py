@@ -226,14 +226,47 @@ def test_late_create_table_and_replayed_batches(
     assert writer.batches_skipped == 1
 
 
+def _decoded_by_the_source(
+    spark: Any, bootstrap: str, writer: BatchWriter, rows: list[tuple[str, int, bytes]]
+) -> Any:
+    """The batch of `rows` (topic, offset, value; contiguous per topic) as the kwal source
+    delivers it to a job whose query started now: read back from the broker, decoded with
+    the writer's plan."""
+    import json
+
+    from consumers.spark.source import register
+
+    topics = sorted({*writer.tables.values(), writer.catalog_topic})
+    start, end = {}, {}
+    for t in topics:
+        offs = [o for topic, o, _ in rows if topic == t]
+        # a topic with no record in the batch: an empty range after what came before
+        first = min(offs) if offs else 0
+        start[t] = {"0": first}
+        end[t] = {"0": max(offs) + 1 if offs else first}
+    register(spark)
+    return (
+        spark.read.format("kwal-kafka")
+        .option("bootstrap", bootstrap)
+        .option("topics", ",".join(topics))
+        .option("startingOffsets", json.dumps(start))
+        .option("endingOffsets", json.dumps(end))
+        .option("decode", writer.decoded)
+        .load()
+    )
+
+
+@pytest.mark.parametrize("decoded_by", ["mapInArrow", "source"])
 def test_alter_table_add_column_mid_stream_keeps_the_new_values(
-    spark: Any, kwal_config: KwalConfig, tmp_path: Path
+    spark: Any, kwal_config: KwalConfig, tmp_path: Path, decoded_by: str
 ) -> None:
     """ALTER TABLE ADD COLUMN after the job planned its batch (`process_batch` directly, no
     hints): (1) the alter's catalog record in the same batch as the first rows that carry
     the column; (2) rows carrying a second new column a batch before its catalog record (the
     catalog topic lags). Neither column's values may be lost, and the watermark may not pass
-    rows the job could not yet decode."""
+    rows the job could not yet decode. Batches come either as raw records (the job decodes
+    them in a `mapInArrow`, with the plan of each batch) or decoded by the kwal source from
+    the broker, with the plan made when the query started."""
     from schemas.wal import ColumnType
 
     cfg = kwal_config
@@ -265,25 +298,35 @@ def test_alter_table_add_column_mid_stream_keeps_the_new_values(
     output = tmp_path / "out"
     writer = BatchWriter(output, catalog, {A: cfg.topics.logtail("db", "a")}, compact_interval_s=0)
 
+    def batch(i: int) -> Any:
+        if decoded_by == "source":
+            return _decoded_by_the_source(spark, cfg.bootstrap, writer, batches[i])
+        return spark.createDataFrame(batches[i], schema)
+
+    if decoded_by == "source":
+        _create_topics(cfg)
+        produce(cfg.bootstrap, wl.records)
+        writer.decoded = writer.source_plan()
+
     def check(upto: int) -> None:
         oracle = wl.oracle([A], upto=upto)
         got = _rows(read_state(spark, output, A))
         assert got == _oracle_rows(oracle.snapshot(A, state_ts(output, A)))
 
-    writer.process_batch(spark.createDataFrame(batches[0], schema), 0)
+    writer.process_batch(batch(0), 0)
     check(first)
-    writer.process_batch(spark.createDataFrame(batches[1], schema), 1)
+    writer.process_batch(batch(1), 1)
     check(second)
     assert any(r["extra"] is not None for r in _rows(read_state(spark, output, A)))
     alter2_ts = wl.records[second][1].commit_ts
-    writer.process_batch(spark.createDataFrame(batches[2], schema), 2)
+    writer.process_batch(batch(2), 2)
     mark = watermark(output, A)
     assert mark < alter2_ts, "the watermark passed rows not yet decoded"
     first_note_ts = min(r.commit_ts for t, r in wl.records[second:] if t != catalog)
     assert state_ts(output, A) < first_note_ts, "the state claims rows not yet decoded"
     expected = _oracle_rows(wl.oracle([A], upto=second).snapshot(A, mark))
     assert _rows(read_as_of(spark, output, A, mark)) == expected
-    writer.process_batch(spark.createDataFrame(batches[3], schema), 3)
+    writer.process_batch(batch(3), 3)
     check(len(wl.records))
     state = _rows(read_state(spark, output, A))
     assert any(r["note"] is not None for r in state)
