@@ -31,3 +31,8 @@ class BootstrapError(CNError):
 class SchemaMismatchError(CNError):
     """A table's records carry a column that no schema the catalog topic declared for the
     table has, at or before the records' ts: the producer and the catalog disagree."""
+
+
+class TruncatedLogtailError(CNError):
+    """A CN that builds its state from its topics' first records found one truncated (after
+    a checkpoint, or by retention): starting there would miss the rows before the gap."""

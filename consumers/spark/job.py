@@ -117,6 +117,7 @@ from consumers.core.exceptions import (
     NotSubscribedError,
     SchemaMismatchError,
     TableNotFoundError,
+    TruncatedLogtailError,
 )
 from consumers.spark.decode import (
     BLOCK,
@@ -920,6 +921,9 @@ def start_query(
         options["maxRecordsPerTrigger"] = max_records_per_trigger
     options.update(source_options or {})
     topics = [catalog_topic, *table_topics.values()]
+    prog = load_progress(output)
+    unread = [t for n, t in table_topics.items() if prog is None or n not in prog.tables]
+    refuse_truncated(bootstrap, ([catalog_topic] if prog is None else []) + unread, options)
     hints = catalog_hints(bootstrap, catalog_topic, list(table_topics), options)
     writer = BatchWriter(output, catalog_topic, table_topics, compact_interval_s, hints)
     plan = writer.source_plan()
@@ -934,6 +938,35 @@ def start_query(
     else:
         w = w.trigger(processingTime=_interval(trigger))
     return w.start()
+
+
+def refuse_truncated(bootstrap: str, topics: Sequence[str], options: dict[str, Any]) -> None:
+    """Raise TruncatedLogtailError when one of `topics` -- those this job will read from
+    their first record: all of them on a fresh output, a table's topic when the table is
+    new to it -- no longer starts at offset 0. The job builds each table from its topic's
+    first record and does not bootstrap from a checkpoint, so it would start past the gap
+    and show a table without the rows before it. (Once a query runs, the source's
+    failOnDataLoss guards the offsets it has planned.)"""
+    from consumers.spark.kafka_io import EndFinder
+    from consumers.spark.source import SourceOptions
+
+    if not topics:
+        return
+    opts = SourceOptions.parse({**options, "bootstrap": bootstrap, "topics": ",".join(topics)}, True)
+    finder = EndFinder(opts.kafka, opts.poll_timeout_s)
+    try:
+        watermarks = finder.watermarks(finder.partitions(topics))
+    finally:
+        finder.close()
+    gaps = sorted((key, low) for key, (low, _high) in watermarks.items() if low > 0)
+    if gaps:
+        where = ", ".join(f"{t}[{p}] starts at offset {low}" for (t, p), low in gaps)
+        raise TruncatedLogtailError(
+            f"{where}: records were deleted (the TN truncates logtail topics after checkpoints, "
+            "or retention did). The Spark CN builds each table from its topic's first record "
+            "and cannot bootstrap from a checkpoint: follow these tables with a CN given the "
+            "object store (kwal cn query), or start the Spark CN before they are truncated."
+        )
 
 
 def catalog_hints(
@@ -1007,7 +1040,8 @@ def run(args: Any, cfg: Any) -> int:
     """`kwal cn spark`: args.tables "db.t1,db.t2", args.output PATH, args.trigger "1s" |
     "available-now"; optional args.checkpoint, args.max_records_per_trigger, args.master,
     args.compact_interval (seconds, default 10), args.timeout (seconds, 0 = forever).
-    Exit code 0, 1 when the query failed, 2 for bad arguments."""
+    Exit code 0, 1 when the query failed or cannot start (a truncated topic), 2 for bad
+    arguments."""
     try:
         tables = parse_tables(args.tables)
     except ValueError as e:
@@ -1018,18 +1052,22 @@ def run(args: Any, cfg: Any) -> int:
     spark = build_session(master=getattr(args, "master", None))
     topics = {t: cfg.topics.logtail(*t.split(".", 1)) for t in tables}
     kafka_opts = {f"kafka.{k}": v for k, v in cfg.kafka.items() if k != "bootstrap.servers"}
-    q = start_query(
-        spark,
-        cfg.bootstrap,
-        cfg.topics.catalog,
-        topics,
-        output,
-        checkpoint=getattr(args, "checkpoint", None),
-        trigger=trigger,
-        max_records_per_trigger=getattr(args, "max_records_per_trigger", None),
-        source_options=kafka_opts,
-        compact_interval_s=float(getattr(args, "compact_interval", None) or 10.0),
-    )
+    try:
+        q = start_query(
+            spark,
+            cfg.bootstrap,
+            cfg.topics.catalog,
+            topics,
+            output,
+            checkpoint=getattr(args, "checkpoint", None),
+            trigger=trigger,
+            max_records_per_trigger=getattr(args, "max_records_per_trigger", None),
+            source_options=kafka_opts,
+            compact_interval_s=float(getattr(args, "compact_interval", None) or 10.0),
+        )
+    except TruncatedLogtailError as e:
+        print(f"kwal cn spark: cannot start: {e}", file=sys.stderr)
+        return 1
     timeout = float(getattr(args, "timeout", 0) or 0)
     print(f"kwal cn spark: following {', '.join(tables)} into {output} (trigger {trigger})",
           file=sys.stderr, flush=True)

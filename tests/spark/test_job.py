@@ -331,3 +331,56 @@ def test_alter_table_add_column_mid_stream_keeps_the_new_values(
     state = _rows(read_state(spark, output, A))
     assert any(r["note"] is not None for r in state)
     assert watermark(output, A) == wl.oracle([A]).watermark(A)
+
+
+@pytest.mark.parametrize("truncated_by", ["DeleteRecords", "reported low watermark"])
+def test_a_fresh_job_refuses_a_truncated_logtail_topic(
+    spark: Any,
+    kwal_config: KwalConfig,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    truncated_by: str,
+) -> None:
+    """The job builds a table from its topic's first record: on a topic truncated after a
+    checkpoint it would start past the gap and show the table without the rows before it.
+    It refuses to start instead, naming the topic and where it now starts. The topic is
+    truncated for real where the broker has DeleteRecords; the other case makes the
+    driver's consumer report the low watermark such a broker would (the decision and the
+    message, not Kafka, are under test there), so it runs on every broker."""
+    from confluent_kafka import TopicPartition
+    from confluent_kafka.admin import AdminClient
+
+    from consumers.core.exceptions import TruncatedLogtailError
+    from consumers.spark.kafka_io import EndFinder
+    from infra import doctor
+
+    cfg = kwal_config
+    _create_topics(cfg)
+    wl = Workload(cfg)
+    wl.create(A)
+    wl.random_txns([A], 10)
+    wl.heartbeat()
+    produce(cfg.bootstrap, wl.records)
+    topic = _topics(cfg)[A]
+    if truncated_by == "DeleteRecords":
+        probe = doctor.probe_one(kwal_config, "delete_records")
+        if not probe.works:
+            pytest.skip(f"the broker lacks DeleteRecords (kwal doctor: {probe.detail})")
+        admin = AdminClient({"bootstrap.servers": cfg.bootstrap})
+        for fut in admin.delete_records([TopicPartition(topic, 0, 4)]).values():
+            fut.result(30)
+    else:
+        real = EndFinder.watermarks
+
+        def reported(self: EndFinder, keys: Any) -> dict[tuple[str, int], tuple[int, int]]:
+            return {k: (4 if k[0] == topic else lo, hi) for k, (lo, hi) in real(self, keys).items()}
+
+        monkeypatch.setattr(EndFinder, "watermarks", reported)
+    output = tmp_path / "out"
+    with pytest.raises(TruncatedLogtailError, match=rf"{topic}\[0\] starts at offset 4"):
+        start_query(spark, cfg.bootstrap, cfg.topics.catalog, {A: topic}, output)
+    args = argparse.Namespace(tables=A, output=str(output), trigger="available-now", timeout=60)
+    assert run(args, cfg) == 1
+    assert "cannot bootstrap from a checkpoint" in capsys.readouterr().err
+    assert load_progress(output) is None  # nothing was started
