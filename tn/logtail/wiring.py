@@ -18,10 +18,12 @@ class Logtail:
     publisher: LogtailPublisher
     heartbeater: Heartbeater | None
 
-    def close(self) -> None:
+    def close(self, timeout_s: float = 10.0) -> None:
+        """Stop the heartbeats, then wait up to `timeout_s` for what was queued to be
+        delivered."""
         if self.heartbeater is not None:
             self.heartbeater.close()
-        self.publisher.close()
+        self.publisher.close(timeout_s)
 
 
 def attach_logtail(

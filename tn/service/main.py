@@ -81,6 +81,7 @@ def _status_publisher(cfg: KwalConfig, log: LogStore) -> Any:
 
 REOPEN_BACKOFF_S = (1.0, 2.0, 5.0)  # between attempts to reopen a failed log; then 5 s each
 FENCED_EXIT = 3  # the exit status of a TN whose log a newer TN took over
+FAILED_CLOSE_S = 1.0  # how long a part may wait on Kafka while closing after a log failure
 
 
 def run(args: Any, cfg: KwalConfig) -> int:
@@ -148,6 +149,15 @@ def _serve(cfg: KwalConfig, stop: threading.Event) -> int | BaseException:
     from tn.service.service import TnService
 
     ensure_topics(cfg)
+    # After a log failure the parts close without waiting on Kafka: the broker may still be
+    # away, and a producer that met a fatal error delivers nothing more (each waited out its
+    # whole timeout: 15 s of a reopen). Nothing is lost by it: the next incarnation
+    # publishes the logtail of every entry in the WAL again, and the status every second.
+    failed = threading.Event()
+
+    def patience(timeout_s: float) -> float:
+        return FAILED_CLOSE_S if failed.is_set() else timeout_s
+
     # Each part is closed, in reverse order, however this incarnation ends: also when a
     # later part fails to start, which on a reopen must not leave the earlier ones running.
     with ExitStack() as parts:
@@ -159,19 +169,20 @@ def _serve(cfg: KwalConfig, stop: threading.Event) -> int | BaseException:
         logtail = attach_logtail(
             engine, cfg, republish=(decode_entry(r.payload) for r in log.records())
         )
-        parts.callback(logtail.close)
+        parts.callback(lambda: logtail.close(patience(10.0)))
         checkpoints = start_checkpoints(recovered, cfg, logtail=logtail)
         parts.callback(checkpoints.stop)
         service = TnService(cfg, engine)
         status = _status_publisher(cfg, log)
         if status is not None:
-            parts.callback(status.stop)
+            parts.callback(lambda: status.stop(patience(5.0)))
         freeze_startup_heap()
         service.start()
         print(f"kwal-tn ready {cfg.topics.requests}", file=sys.stderr, flush=True)
         while not stop.wait(0.2):
             failure = service.log_failure
             if failure is not None:
+                failed.set()
                 service.stop()
                 return failure
             if not service.healthy():
