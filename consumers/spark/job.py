@@ -707,7 +707,8 @@ def _ts_range(value: Sequence[int]) -> tuple[int, int]:
 
 def _hold(tp: TableProgress, batch_id: int, stats: pa.Table) -> None:
     """Note a batch's undecoded records (R) in `tp`: the batch, the columns they carry (their
-    `__meta`) and their highest ts. They hold the table's watermark: `_absorb` skips them."""
+    `__meta`) and the span of their commit ts. They hold the table's watermark below them
+    (`applied_ts`); `_absorb` skips them."""
     raw = stats.filter(pc.equal(stats.column(OP), RAW_RECORD))
     columns = set(tp.pending_columns)
     for meta in raw.column(META).to_pylist():
