@@ -1,0 +1,31 @@
+"""`kwal bench spark`'s figures, on a small load, the session's broker and the shared
+SparkSession (its `run` stops the session it builds, so the test calls `bench`)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from infra.bench.report import emit
+from infra.bench.spark import bench
+from infra.config import KwalConfig
+
+pytestmark = pytest.mark.spark
+
+
+def test_bench_spark_prints_one_json_line_with_both_sides(
+    spark: Any, kwal_config: KwalConfig, capsys: pytest.CaptureFixture[str]
+) -> None:
+    emit(bench(spark, kwal_config, rows=2000, rows_per_txn=10, samples=2))
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 1
+    result = json.loads(lines[0])
+    assert result["rows"] == 2000 and result["records"] == 201
+    assert result["rows_per_s"] > 0 and result["raw_rows_per_s"] > 0
+    assert result["vs_raw"] == pytest.approx(result["rows_per_s"] / result["raw_rows_per_s"], abs=0.01)
+    assert result["batches"] >= 1
+    assert result["watermark"] > 0
+    assert result["latency_samples"] == 2
+    assert 0 < result["latency_p50_ms"] <= result["latency_max_ms"]
