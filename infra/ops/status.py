@@ -98,7 +98,10 @@ def collect(cfg: KwalConfig, timeout_s: float, probe: bool = True) -> dict[str, 
         works, detail = physical_supported(cfg, timeout_s)
         mode = "physical" if works else "logical"
         if not works:
-            detail = f"the broker lacks DeleteRecords: truncation is logical only ({detail})"
+            detail = (
+                "the broker lacks DeleteRecords: truncation of the WAL and of the logtail topics "
+                f"is logical only, their records stay ({detail})"
+            )
     out["truncation"] = {
         "point": scan.truncated if scan else None,
         "mode": mode,

@@ -276,6 +276,14 @@ def test_truncate_to_the_last_checkpoint(
         d.close()
     doc = status_json(cfg, capsys)
     assert doc["truncation"]["point"] == 12 and doc["wal"]["log_end"] == 20
+    # with the probe, the mode is the broker's, and a logical one names both logs
+    capsys.readouterr()
+    assert ops_status.run(args(no_probe=False), cfg) == 0
+    tr = json.loads(capsys.readouterr().out)["truncation"]
+    if tr["mode"] == "logical":
+        assert "WAL and of the logtail topics is logical only" in tr["detail"], tr
+    else:
+        assert tr["mode"] == "physical", tr
 
 
 def test_truncate_deletes_prefixes_where_the_broker_can(
