@@ -269,7 +269,7 @@ def bench(spark: Any, cfg: KwalConfig, rows: int, rows_per_txn: int, samples: in
 
         # The warm-up query runs the same work on another table: a CN query runs for long,
         # its JVM code compiled (JIT) by then; a run that only starts the Python workers
-        # left the measured batch ~1.5 s slower than the same batch run again.
+        # left the measured batch ~1.5-2.5 s slower than the same batch run again.
         ww = _Writer(cfg, producer, warm)
         ww.create()
         for i in range(txns):

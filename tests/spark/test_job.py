@@ -240,8 +240,7 @@ def _decoded_by_the_source(
     start, end = {}, {}
     for t in topics:
         offs = [o for topic, o, _ in rows if topic == t]
-        # a topic with no record in the batch: an empty range after what came before
-        first = min(offs) if offs else 0
+        first = min(offs) if offs else 0  # no record of the topic in the batch: empty range
         start[t] = {"0": first}
         end[t] = {"0": max(offs) + 1 if offs else first}
     register(spark)

@@ -96,13 +96,13 @@ class Workload:
         self._block += 1
         self._add(self.cfg.topics.catalog, LogtailRecord(db, name, ts, Catalog(CatalogOp.CREATE_TABLE, 1, SCHEMA), 7, lsn))
 
-    def alter_add(self, table: str, column: str, type: ColumnType) -> None:
+    def alter_add(self, table: str, column: str, column_type: ColumnType) -> None:
         """ALTER TABLE ADD COLUMN: a catalog record with the new schema; later rows carry
         the column."""
         ts, lsn = self._next()
         t = self.tables[table]
         cols = t.schema.columns
-        new = ColumnDef(max(c.column_id for c in cols) + 1, column, type)
+        new = ColumnDef(max(c.column_id for c in cols) + 1, column, column_type)
         t.schema = TableSchema((*cols, new), t.schema.primary_key)
         db, _, name = table.partition(".")
         body = Catalog(CatalogOp.ALTER_TABLE, 1, t.schema)

@@ -152,7 +152,7 @@ def _serve(cfg: KwalConfig, stop: threading.Event) -> int | BaseException:
     # After a log failure the parts close without waiting on Kafka: the broker may still be
     # away, and a producer that met a fatal error delivers nothing more (each waited out its
     # whole timeout: 15 s of a reopen). Nothing is lost by it: the next incarnation
-    # publishes the logtail of every entry in the WAL again, and the status every second.
+    # publishes the logtail of every entry in the WAL again, and the status at its interval.
     failed = threading.Event()
 
     def patience(timeout_s: float) -> float:
