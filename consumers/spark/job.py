@@ -507,10 +507,11 @@ class BatchWriter:
         `_changes/batch=<id>/__table=<index>/`, replacing what a failed attempt left. Records
         the plan cannot decode are kept whole (R, K): see `decode_all`."""
         if self.decoded is not None:
-            if plan_from_json(self.decoded)[0] != self._topics(prog):
+            source_topics, topics = plan_from_json(self.decoded)[0], self._topics(prog)
+            if source_topics != topics:
                 raise RuntimeError(
-                    f"the source decodes with table numbers {plan_from_json(self.decoded)[0]}, "
-                    f"the job's progress has {self._topics(prog)}: restart the query"
+                    f"the source decodes with table numbers {source_topics}, the job's "
+                    f"progress has {topics}: restart the query"
                 )
             rows = df
         else:

@@ -26,7 +26,7 @@ from consumers.spark.job import (
     watermark,
 )
 from infra.config import KwalConfig
-from schemas.logtail import ROW_ID, encode_logtail
+from schemas.logtail import ROW_ID
 from tests.spark.helpers import create_topic
 from tests.spark.workload import Workload, produce
 
@@ -178,11 +178,7 @@ def test_late_create_table_and_replayed_batches(
     wl.create(B)
     wl.random_txns([A, B], 20)
     wl.heartbeat()
-    offsets: dict[str, int] = {}
-    rows = []
-    for topic, r in wl.records:
-        rows.append((topic, offsets.setdefault(topic, 0), encode_logtail(r)))
-        offsets[topic] += 1
+    rows = wl.kafka_rows()
     topic_b = cfg.topics.logtail("db", "b")
     cut = next(i for i, (t, r) in enumerate(wl.records) if r.table == "b")
     batches = [
@@ -281,11 +277,7 @@ def test_alter_table_add_column_mid_stream_keeps_the_new_values(
     wl.alter_add(A, "note", ColumnType.STRING)
     wl.random_txns([A], 15)
     wl.heartbeat()
-    offsets: dict[str, int] = {}
-    rows = []
-    for topic, r in wl.records:
-        rows.append((topic, offsets.setdefault(topic, 0), encode_logtail(r)))
-        offsets[topic] += 1
+    rows = wl.kafka_rows()
     catalog = cfg.topics.catalog
     batches = [
         rows[:first],

@@ -206,6 +206,16 @@ class Workload:
             if self.rng.random() < 0.15:
                 self.heartbeat()
 
+    def kafka_rows(self) -> list[tuple[str, int, bytes]]:
+        """The records as they land on their topics' partition 0, in order: (topic, offset,
+        encoded value)."""
+        offsets: dict[str, int] = {}
+        rows = []
+        for topic, r in self.records:
+            rows.append((topic, offsets.setdefault(topic, 0), encode_logtail(r)))
+            offsets[topic] += 1
+        return rows
+
     def oracle(self, subscribed: list[str], upto: int | None = None) -> CNCore:
         """CNCore fed the first `upto` records (default all)."""
         core = CNCore(subscribed, self.objects.__getitem__)

@@ -153,10 +153,8 @@ def _serve(cfg: KwalConfig, stop: threading.Event) -> int | BaseException:
     # away, and a producer that met a fatal error delivers nothing more (each waited out its
     # whole timeout: 15 s of a reopen). Nothing is lost by it: the next incarnation
     # publishes the logtail of every entry in the WAL again, and the status at its interval.
-    failed = threading.Event()
-
     def patience(timeout_s: float) -> float:
-        return FAILED_CLOSE_S if failed.is_set() else timeout_s
+        return FAILED_CLOSE_S if engine.log_failure is not None else timeout_s
 
     # Each part is closed, in reverse order, however this incarnation ends: also when a
     # later part fails to start, which on a reopen must not leave the earlier ones running.
@@ -182,7 +180,6 @@ def _serve(cfg: KwalConfig, stop: threading.Event) -> int | BaseException:
         while not stop.wait(0.2):
             failure = service.log_failure
             if failure is not None:
-                failed.set()
                 service.stop()
                 return failure
             if not service.healthy():
