@@ -11,7 +11,6 @@
 from __future__ import annotations
 
 import os
-import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -109,21 +108,9 @@ def s3_store(s3_config: ObjectStoreConfig) -> S3Store:
 @pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
     """One shared local[2] SparkSession (10-20 s to start: share it)."""
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    from pyspark.sql import SparkSession
+    from consumers.spark.session import build_session
 
-    session = (
-        SparkSession.builder.master("local[2]")
-        .appName("kwal-tests")
-        .config("spark.ui.enabled", "false")
-        .config("spark.driver.memory", "1g")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.driver.bindAddress", "127.0.0.1")
-        .config("spark.driver.host", "127.0.0.1")
-        .getOrCreate()
-    )
+    session = build_session("kwal-tests")
     try:
         yield session
     finally:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import sys
 import tempfile
 import time
 import uuid
@@ -199,11 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--partitions", type=int, default=2)
     ap.add_argument("--value-bytes", type=int, default=64)
     args = ap.parse_args(argv)
-    import os
-
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    from pyspark.sql import SparkSession
+    from consumers.spark.session import build_session
 
     broker = None
     bootstrap = args.bootstrap
@@ -212,16 +207,7 @@ def main(argv: list[str] | None = None) -> int:
 
         broker = start_broker(Path(tempfile.mkdtemp(prefix="kwal-bench-broker-")))
         bootstrap = broker.address
-    spark = (
-        SparkSession.builder.master("local[2]")
-        .appName("kwal-bench-source")
-        .config("spark.ui.enabled", "false")
-        .config("spark.driver.memory", "1g")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.driver.bindAddress", "127.0.0.1")
-        .config("spark.driver.host", "127.0.0.1")
-        .getOrCreate()
-    )
+    spark = build_session("kwal-bench-source")
     try:
         result = bench_source(spark, bootstrap, args.records, args.partitions, args.value_bytes)
         print(json.dumps(result), flush=True)

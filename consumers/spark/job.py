@@ -145,6 +145,7 @@ from consumers.spark.decode import (
     wide_ddl,
     wide_name,
 )
+from consumers.spark.session import build_session
 from schemas.logtail import Catalog, CatalogOp, LogtailRecord, decode_logtail
 from schemas.wal import ColumnDef, ColumnType, TableSchema
 
@@ -741,20 +742,19 @@ def _decodable(tp: TableProgress, catalog_watermark: int) -> bool:
 
 def _absorb(tp: TableProgress, stats: pa.Table) -> int:
     """Fold a batch's decoded control rows into `tp` (watermark, block metas, checkpoint);
-    returns its insert + delete count. Undecoded records (R) do not move the watermark."""
-    ops = stats.column(OP).to_pylist()
-    tss = stats.column(COMMIT_TS).to_pylist()
-    metas = stats.column(META).to_pylist()
-    changed = 0
-    for op, ts, meta in zip(ops, tss, metas, strict=True):
-        if op == RAW_RECORD:
-            continue
-        tp.watermark = max(tp.watermark, int(ts))
-        if op in (INSERT, DELETE):
-            changed += 1
-        elif op == BLOCK:
+    returns its insert + delete count. Undecoded records (R) do not move the watermark.
+    Vectorised: a batch carries one stats row per change (200k rows took 0.14 s row by
+    row); block metas and checkpoints are few and are walked one by one."""
+    ops = stats.column(OP)
+    decoded = stats.filter(pc.not_equal(ops, RAW_RECORD))
+    if decoded.num_rows:
+        tp.watermark = max(tp.watermark, int(pc.max(decoded.column(COMMIT_TS)).as_py()))
+    changed = int(pc.sum(pc.is_in(ops, pa.array([INSERT, DELETE]))).as_py() or 0)
+    control = decoded.filter(pc.is_in(decoded.column(OP), pa.array([BLOCK, CHECKPOINT])))
+    for op, meta in zip(control.column(OP).to_pylist(), control.column(META).to_pylist(), strict=True):
+        if op == BLOCK:
             tp.blocks[str(json.loads(meta)["block_id"])] = meta
-        elif op == CHECKPOINT:
+        else:
             tp.last_checkpoint = meta
     tp.change_rows += changed
     return changed
@@ -1008,34 +1008,6 @@ def _interval(text: str) -> str:
     if t.endswith("s") and t[:-1].strip().replace(".", "", 1).isdigit():
         return f"{t[:-1].strip()} seconds"
     return t
-
-
-def build_session(app: str = "kwal-cn", master: str | None = None, driver_memory: str = "1g") -> Any:
-    """A SparkSession for the job. Reuses an active one; under spark-submit (the JVM is already
-    up: PYSPARK_GATEWAY_PORT is set) its master and settings win; otherwise a local session
-    with the laptop settings (see the module docstring)."""
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-    from pyspark.sql import SparkSession
-
-    active = SparkSession.getActiveSession()
-    if active is not None:
-        return active
-    builder = SparkSession.builder.appName(app)
-    if "PYSPARK_GATEWAY_PORT" not in os.environ:
-        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-        builder = (
-            builder.master(master or "local[2]")
-            .config("spark.driver.memory", driver_memory)
-            .config("spark.sql.shuffle.partitions", "2")
-            .config("spark.driver.bindAddress", "127.0.0.1")
-            .config("spark.driver.host", "127.0.0.1")
-            .config("spark.ui.enabled", "false")
-            .config("spark.ui.showConsoleProgress", "false")
-        )
-    elif master:
-        builder = builder.master(master)
-    return builder.getOrCreate()
 
 
 def run(args: Any, cfg: Any) -> int:

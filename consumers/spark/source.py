@@ -39,14 +39,13 @@ Partitions added to a topic while the query runs are read from their beginning.
 
 Python workers must import this module (it is part of the installed `kwal` package) and
 run the interpreter that has pyarrow and confluent-kafka: set `PYSPARK_PYTHON` to it
-before the session starts (`worker_python_env()` does so for the current interpreter).
+before the session starts (`consumers.spark.session.worker_python_env()` does so for the current interpreter).
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import sys
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -356,12 +355,6 @@ class KwalKafkaDataSource(DataSource):
 
     def reader(self, schema: StructType) -> DataSourceReader:
         return KwalKafkaBatchReader(SourceOptions.parse(self.options, streaming=False), schema)
-
-
-def worker_python_env() -> None:
-    """Make Spark's Python workers run this interpreter (call before the session starts)."""
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 
 
 def register(spark: Any) -> None:
