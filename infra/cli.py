@@ -90,6 +90,11 @@ def build_parser() -> argparse.ArgumentParser:
     cspark.add_argument("--compact-interval", type=float, default=10.0)
     cspark.add_argument("--timeout", type=float, default=0.0, help="stop after this long (0 = never)")
     cspark.add_argument("--master", help="Spark master (default: local[2] unless submitted)")
+    cspark.add_argument(
+        "--from-checkpoint", default="auto", choices=["auto", "always", "never"],
+        help="how a new job starts: from the topics' first records, or from the newest "
+        "checkpoint in the object store (auto: only when a topic was truncated)",
+    )
     tail = _command(cn, "tail", "consumers.core.commands:run_tail", "print a table's changes live")
     tail.add_argument("--table", required=True, help="db.table")
     tail.add_argument("--seconds", type=float, default=0, help="stop after this long (0 = never)")

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 import pyarrow as pa
@@ -39,6 +39,7 @@ from schemas.logtail import (
     BlockMeta,
     Changes,
     Checkpoint,
+    Heartbeat,
     LogtailRecord,
     decode_logtail,
 )
@@ -274,31 +275,54 @@ def wide_schema(plan: Mapping[int, Sequence[ColumnDef] | None]) -> pa.Schema:
     return pa.schema(fields)
 
 
-def plan_to_json(topics: Mapping[str, int], plan: Mapping[int, Sequence[ColumnDef] | None]) -> str:
-    """A decoding plan as text, for the source's `decode` option: `topics` (topic -> table
-    index, `CATALOG_INDEX` for the catalog topic) and `plan` (index -> its columns, or None
-    while the table's schema is unknown)."""
-    return json.dumps(
-        {
-            "topics": dict(topics),
-            "plan": {
-                str(i): None if cols is None else [[c.column_id, c.name, c.type.value, c.nullable] for c in cols]
-                for i, cols in plan.items()
+@dataclass(frozen=True)
+class DecodePlan:
+    """How `decode_all` decodes a micro-batch's records, and the source's `decode` option
+    as text (`to_json`).
+
+    `topics`: topic -> table number (`CATALOG_INDEX` for the catalog topic); `tables`:
+    number -> the table's columns, or None while its schema is unknown; `horizon`: the ts of
+    the checkpoint the job bootstrapped from (`consumers.spark.bootstrap`), 0 for none.
+    Records at or below the horizon, heartbeats aside, are in the checkpoint's objects
+    already: they are dropped, as `CNCore` skips them. Applying them again is not harmless:
+    a catalog record could revive a table dropped before the horizon (its drop lies below
+    the checkpoint's offsets), an insert a row whose delete a compaction has folded away."""
+
+    topics: dict[str, int]
+    tables: dict[int, list[ColumnDef] | None]
+    horizon: int = 0
+    wide: pa.Schema = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "wide", wide_schema(self.tables))
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "topics": dict(self.topics),
+                "plan": {
+                    str(i): None
+                    if cols is None
+                    else [[c.column_id, c.name, c.type.value, c.nullable] for c in cols]
+                    for i, cols in self.tables.items()
+                },
+                "horizon": self.horizon,
             },
-        },
-        sort_keys=True,
-    )
-
-
-def plan_from_json(text: str) -> tuple[dict[str, int], dict[int, list[ColumnDef] | None]]:
-    """`plan_to_json`'s inverse."""
-    d = json.loads(text)
-    plan: dict[int, list[ColumnDef] | None] = {}
-    for index, cols in d["plan"].items():
-        plan[int(index)] = (
-            None if cols is None else [ColumnDef(int(i), n, ColumnType(t), bool(nl)) for i, n, t, nl in cols]
+            sort_keys=True,
         )
-    return {str(t): int(i) for t, i in d["topics"].items()}, plan
+
+    @classmethod
+    def from_json(cls, text: str) -> DecodePlan:
+        d = json.loads(text)
+        tables: dict[int, list[ColumnDef] | None] = {}
+        for index, cols in d["plan"].items():
+            tables[int(index)] = (
+                None
+                if cols is None
+                else [ColumnDef(int(i), n, ColumnType(t), bool(nl)) for i, n, t, nl in cols]
+            )
+        topics = {str(t): int(i) for t, i in d["topics"].items()}
+        return cls(topics, tables, int(d.get("horizon", 0)))
 
 
 def wide_ddl(plan: Mapping[int, Sequence[ColumnDef] | None]) -> str:
@@ -357,20 +381,17 @@ def _raw_rows(
 
 
 def decode_all(
-    batches: Iterable[pa.RecordBatch],
-    topics: dict[str, int],
-    plan: Mapping[int, Sequence[ColumnDef] | None],
-    max_rows: int = 65536,
+    batches: Iterable[pa.RecordBatch], plan: DecodePlan, max_rows: int = 65536
 ) -> Iterator[pa.RecordBatch]:
     """`mapInArrow` body over raw Kafka records (`topic`, `offset`, `value`) of the catalog
-    (index `CATALOG_INDEX`) and table topics (`topics`: topic -> index): change rows of every
-    table in `wide_schema(plan)`. Records are kept whole (bytes in `__raw`) when they cannot
-    be decoded with the plan: catalog records (`__op` K); records of a table whose schema is
-    not known (plan None), or that carry a column the plan lacks (an ALTER TABLE not seen
-    yet) -- `__op` R, `__meta` the JSON list of their `changed_columns`."""
-    target = wide_schema(plan)
+    and table topics of `plan`: change rows of every table in `plan.wide`. Records are kept
+    whole (bytes in `__raw`) when they cannot be decoded with the plan: catalog records
+    (`__op` K); records of a table whose schema is not known (None), or that carry a column
+    the plan lacks (an ALTER TABLE not seen yet) -- `__op` R, `__meta` the JSON list of their
+    `changed_columns`. Records at or below `plan.horizon` are dropped, heartbeats aside."""
+    target, topics, horizon = plan.wide, plan.topics, plan.horizon
     builders = {
-        i: ChangeBuilder(change_schema(cols)) for i, cols in plan.items() if cols is not None
+        i: ChangeBuilder(change_schema(cols)) for i, cols in plan.tables.items() if cols is not None
     }
     raw: list[tuple[int, str, int, int, int, str | None, bytes]] = []
 
@@ -395,6 +416,8 @@ def decode_all(
                 continue
             data = value or b""
             record = decode_logtail(data)
+            if record.commit_ts <= horizon and not isinstance(record.body, Heartbeat):
+                continue
             builder = builders.get(index)
             before = builder.rows if builder is not None else 0
             if builder is not None and builder.add(record, offset):

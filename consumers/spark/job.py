@@ -44,6 +44,9 @@ Layout under `output/`:
                                                 __row_id, __commit_ts, user columns, one row
                                                 per primary key
     <db>.<table>/redecoded/batch=<id>/          late-decoded records (see above)
+    <db>.<table>/bootstrap/                     a job started from a checkpoint: the table's
+                                                rows at its ts (batch -1), one file per object
+    _progress/bootstrap.json                    that start's commit (horizon, start offsets)
     _checkpoint/                                Spark's checkpointLocation (default)
 
 Semantics mirror `consumers.core.cn.CNCore`: the snapshot at ts is the rows inserted with
@@ -77,10 +80,15 @@ Block metas and checkpoints. A CN drops in-memory rows of a block once the block
 object storage (seed 001, memory clean-up); here state is already durable Parquet, and
 every row of a flushed block was delivered as an insert before its BlockMeta (the logtail is
 in commit order), so a BlockMeta needs no action: it is recorded in the change log (`__op` =
-B, the meta as JSON in `__meta`) and advances the watermark. Bootstrapping from a checkpoint
-(pull) instead of the topic's beginning is not done: the job reads each topic from its
-earliest offset, which requires that the logtail topics are not truncated (they keep
-forever, see `infra.topics`).
+B, the meta as JSON in `__meta`) and advances the watermark.
+
+Starting from a checkpoint (pull, seed 001). A new job reads its topics from their first
+records while they have them (full history); once the TN has truncated one (it does after
+checkpoints where the broker has DeleteRecords), it starts from the newest checkpoint in the
+object store instead (`start_query`'s `from_checkpoint`, `consumers.spark.bootstrap`): the
+tables' rows at that ts t1 become change-log batch -1, the topics are read from the
+manifest's offsets, records at or below t1 are dropped when decoded, and reads below t1
+raise BelowHorizonError.
 
 Memory. Laptop (local[2]): `spark.driver.memory=1g` (set before the first session, e.g.
 `--driver-memory 1g` or `SPARK_DRIVER_MEMORY`), `spark.sql.shuffle.partitions=2`,
@@ -105,7 +113,6 @@ import shutil
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -114,11 +121,13 @@ import pyarrow.compute as pc
 
 from consumers.core.exceptions import (
     AboveWatermarkError,
-    NotSubscribedError,
+    BelowHorizonError,
+    BootstrapError,
     SchemaMismatchError,
     TableNotFoundError,
     TruncatedLogtailError,
 )
+from consumers.spark.bootstrap import bootstrap_output
 from consumers.spark.decode import (
     BLOCK,
     CATALOG_INDEX,
@@ -134,280 +143,30 @@ from consumers.spark.decode import (
     RAW_RECORD,
     ROW_ID,
     TABLE,
+    DecodePlan,
     change_ddl,
     change_schema,
     decode_all,
     decode_changes,
-    plan_from_json,
-    plan_to_json,
     spark_type_name,
     union_columns,
     wide_ddl,
     wide_name,
 )
+from consumers.spark.progress import (
+    Incarnation,
+    Progress,
+    TableProgress,
+    apply_catalog,
+    load_progress,
+    write_progress,
+)
 from consumers.spark.session import build_session
-from schemas.logtail import Catalog, CatalogOp, LogtailRecord, decode_logtail
+from infra.objectstore import ObjectStore
+from schemas.logtail import decode_logtail
 from schemas.wal import ColumnDef, ColumnType, TableSchema
 
-PROGRESS = "_progress"
 CHANGES = "_changes"
-KEEP_PROGRESS = 20
-
-
-# -- progress (the commit record) --------------------------------------------------------
-
-
-def _schema_json(s: TableSchema) -> dict[str, Any]:
-    return {
-        "primary_key": s.primary_key,
-        "version": s.version,
-        "columns": [[c.column_id, c.name, c.type.value, c.nullable] for c in s.columns],
-    }
-
-
-def _schema_from(d: dict[str, Any]) -> TableSchema:
-    cols = tuple(ColumnDef(int(i), n, ColumnType(t), bool(nl)) for i, n, t, nl in d["columns"])
-    return TableSchema(cols, d["primary_key"], int(d["version"]))
-
-
-@dataclass
-class Incarnation:
-    """One lifetime of a table name: [create_ts, drop_ts) with its schema history."""
-
-    create_ts: int
-    table_id: int = 0
-    drop_ts: int = 0  # 0 = alive
-    schemas: list[tuple[int, TableSchema]] = field(default_factory=list)
-
-    def alive_at(self, ts: int) -> bool:
-        return self.create_ts <= ts and (self.drop_ts == 0 or ts < self.drop_ts)
-
-    def schema_at(self, ts: int) -> TableSchema:
-        current = self.schemas[0][1]
-        for from_ts, schema in self.schemas:
-            if from_ts <= ts:
-                current = schema
-        return current
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "create_ts": self.create_ts,
-            "table_id": self.table_id,
-            "drop_ts": self.drop_ts,
-            "schemas": [[ts, _schema_json(s)] for ts, s in self.schemas],
-        }
-
-    @classmethod
-    def from_json(cls, d: dict[str, Any]) -> Incarnation:
-        return cls(
-            int(d["create_ts"]),
-            int(d["table_id"]),
-            int(d["drop_ts"]),
-            [(int(ts), _schema_from(s)) for ts, s in d["schemas"]],
-        )
-
-
-@dataclass
-class TableProgress:
-    name: str  # db.table
-    topic: str
-    watermark: int = 0  # highest commit/heartbeat ts decoded from the table's topic
-    incarnations: list[Incarnation] = field(default_factory=list)
-    state_batch: int | None = None  # state/batch=<id> holds the current state
-    state_create_ts: int = 0  # the incarnation the state belongs to
-    index: int = 0  # the table's number in the change log's wide schema (stable)
-    pending: list[int] = field(default_factory=list)  # batches with its records undecoded (R)
-    pending_columns: list[str] = field(default_factory=list)  # the columns those records carry
-    pending_ts: tuple[int, int] = (0, 0)  # the lowest and highest commit ts among them
-    change_rows: int = 0  # inserts + deletes in the change log
-    blocks: dict[str, str] = field(default_factory=dict)  # block id -> BlockMeta JSON
-    last_checkpoint: str = ""
-    # change-log directories: [batch id, path relative to output, column prefix]
-    change_dirs: list[list[Any]] = field(default_factory=list)
-    uncompacted: int = 0  # change rows after the state's batch
-    compacted_at: float = 0.0  # wall time of the last compaction
-
-    @property
-    def current(self) -> Incarnation | None:
-        return self.incarnations[-1] if self.incarnations else None
-
-    @property
-    def applied_ts(self) -> int:
-        """Every change of the table's topic with commit ts <= this is in the change log:
-        the watermark, held below the first record still undecoded."""
-        if self.pending:
-            return min(self.watermark, self.pending_ts[0] - 1)
-        return self.watermark
-
-    def columns(self) -> list[ColumnDef]:
-        inc = self.current
-        return union_columns(s for _, s in inc.schemas) if inc else []
-
-    def dirs_after(self, base: int | None, upto: int | None = None) -> list[list[Any]]:
-        return [
-            d
-            for d in self.change_dirs
-            if (base is None or d[0] > base) and (upto is None or d[0] <= upto)
-        ]
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "topic": self.topic,
-            "watermark": self.watermark,
-            "incarnations": [i.to_json() for i in self.incarnations],
-            "state_batch": self.state_batch,
-            "state_create_ts": self.state_create_ts,
-            "index": self.index,
-            "pending": self.pending,
-            "pending_columns": self.pending_columns,
-            "pending_ts": list(self.pending_ts),
-            "change_rows": self.change_rows,
-            "blocks": self.blocks,
-            "last_checkpoint": self.last_checkpoint,
-            "change_dirs": self.change_dirs,
-            "uncompacted": self.uncompacted,
-            "compacted_at": self.compacted_at,
-        }
-
-    @classmethod
-    def from_json(cls, d: dict[str, Any]) -> TableProgress:
-        return cls(
-            d["name"],
-            d["topic"],
-            int(d["watermark"]),
-            [Incarnation.from_json(i) for i in d["incarnations"]],
-            d["state_batch"],
-            int(d["state_create_ts"]),
-            int(d["index"]),
-            [int(b) for b in d["pending"]],
-            list(d.get("pending_columns", [])),
-            _ts_range(d.get("pending_ts", (0, 0))),
-            int(d["change_rows"]),
-            dict(d["blocks"]),
-            d["last_checkpoint"],
-            [list(x) for x in d["change_dirs"]],
-            int(d["uncompacted"]),
-            float(d["compacted_at"]),
-        )
-
-
-@dataclass
-class Progress:
-    batch_id: int = -1
-    catalog_topic: str = ""
-    catalog_watermark: int = 0
-    tables: dict[str, TableProgress] = field(default_factory=dict)
-    committed_at: float = 0.0
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "batch_id": self.batch_id,
-            "catalog_topic": self.catalog_topic,
-            "catalog_watermark": self.catalog_watermark,
-            "tables": {k: v.to_json() for k, v in self.tables.items()},
-            "committed_at": self.committed_at,
-        }
-
-    @classmethod
-    def from_json(cls, d: dict[str, Any]) -> Progress:
-        return cls(
-            int(d["batch_id"]),
-            d["catalog_topic"],
-            int(d["catalog_watermark"]),
-            {k: TableProgress.from_json(v) for k, v in d["tables"].items()},
-            float(d.get("committed_at", 0.0)),
-        )
-
-    def table(self, name: str) -> TableProgress:
-        tp = self.tables.get(name)
-        if tp is None:
-            raise NotSubscribedError(f"table {name} is not followed by this CN job")
-        return tp
-
-    def watermark(self, table: str | None = None) -> int:
-        if table is not None:
-            tp = self.table(table)
-            if tp.current is None:
-                return 0
-            if tp.current.drop_ts:  # nothing more will come on its topic
-                return self.catalog_watermark
-            return min(self.catalog_watermark, tp.applied_ts)
-        # A dropped table's topic stops: it no longer holds the job's watermark back.
-        marks = [self.catalog_watermark]
-        marks.extend(
-            tp.applied_ts
-            for tp in self.tables.values()
-            if tp.current is not None and not tp.current.drop_ts
-        )
-        return min(marks)
-
-
-def _progress_dir(output: str | Path) -> Path:
-    return Path(output) / PROGRESS
-
-
-def load_progress(output: str | Path) -> Progress | None:
-    """The last committed progress of the job writing to `output` (None: nothing yet)."""
-    d = _progress_dir(output)
-    if not d.is_dir():
-        return None
-    ids = sorted(int(p.stem) for p in d.glob("*.json") if p.stem.isdigit())
-    for batch_id in reversed(ids):
-        try:
-            return Progress.from_json(json.loads((d / f"{batch_id:020d}.json").read_text()))
-        except (OSError, ValueError, KeyError):
-            continue  # a torn file cannot exist (atomic rename), but be tolerant
-    return None
-
-
-def _write_progress(output: str | Path, progress: Progress) -> None:
-    d = _progress_dir(output)
-    d.mkdir(parents=True, exist_ok=True)
-    final = d / f"{progress.batch_id:020d}.json"
-    tmp = d / f".{progress.batch_id:020d}.json.tmp"
-    tmp.write_text(json.dumps(progress.to_json(), sort_keys=True))
-    with open(tmp, "rb") as f:
-        os.fsync(f.fileno())
-    os.replace(tmp, final)
-    old = sorted(p for p in d.glob("*.json") if p.stem.isdigit())
-    for p in old[:-KEEP_PROGRESS]:
-        p.unlink(missing_ok=True)
-
-
-# -- the catalog -------------------------------------------------------------------------
-
-
-def apply_catalog(progress: Progress, record: LogtailRecord) -> None:
-    """Apply one record of the catalog topic (same rules as `CNCore._apply_catalog`)."""
-    progress.catalog_watermark = max(progress.catalog_watermark, record.commit_ts)
-    body = record.body
-    if not isinstance(body, Catalog):
-        return  # the catalog topic's heartbeat
-    if body.op in (CatalogOp.CREATE_DATABASE, CatalogOp.DROP_DATABASE):
-        return
-    tp = progress.tables.get(f"{record.database}.{record.table}")
-    if tp is None:
-        return
-    inc = tp.current
-    if body.op is CatalogOp.CREATE_TABLE:
-        if inc is not None and inc.create_ts == record.commit_ts:
-            return  # re-delivered
-        assert body.schema is not None, "create_table without a schema"
-        if inc is None or inc.drop_ts:
-            tp.incarnations.append(
-                Incarnation(record.commit_ts, record.table_id, 0, [(record.commit_ts, body.schema)])
-            )
-        else:  # created again without a drop: keep the rows, take the new schema (as CNCore)
-            inc.create_ts = record.commit_ts
-            inc.schemas.append((record.commit_ts, body.schema))
-    elif inc is None:
-        return
-    elif body.op is CatalogOp.DROP_TABLE:
-        inc.drop_ts = inc.drop_ts or record.commit_ts
-    elif body.op is CatalogOp.ALTER_TABLE and body.schema is not None:
-        if all(ts != record.commit_ts for ts, _ in inc.schemas):
-            inc.schemas.append((record.commit_ts, body.schema))
 
 
 # -- the batch ---------------------------------------------------------------------------
@@ -488,40 +247,42 @@ class BatchWriter:
         topics.update({prog.tables[n].topic: prog.tables[n].index for n in self.tables})
         return topics
 
-    def _plan(self, prog: Progress) -> dict[int, list[ColumnDef] | None]:
-        plan: dict[int, list[ColumnDef] | None] = {}
+    def _plan(self, prog: Progress) -> DecodePlan:
+        """How the next batch decodes: table numbers, each table's columns from the committed
+        catalog plus the hints, the horizon."""
+        tables: dict[int, list[ColumnDef] | None] = {}
         for name in self.tables:
             tp = prog.tables[name]
             schemas = [s for _, s in tp.current.schemas] if tp.current else []
             schemas += self.hints.get(name, [])
-            plan[tp.index] = union_columns(schemas) if schemas else None
-        return plan
+            tables[tp.index] = union_columns(schemas) if schemas else None
+        return DecodePlan(self._topics(prog), tables, prog.horizon)
 
     def source_plan(self) -> str:
-        """The plan for a source that decodes (`plan_to_json`): table numbers and schemas
-        as the next batch would use them."""
-        prog = self._fresh_progress()
-        return plan_to_json(self._topics(prog), self._plan(prog))
+        """The plan for a source that decodes (`DecodePlan.to_json`), as the next batch would
+        use it."""
+        return self._plan(self._fresh_progress()).to_json()
 
     def _pass(self, df: Any, bdir: Path, prog: Progress) -> None:
         """Decode every record of the batch (one pass, on the executors) into the change log
         `_changes/batch=<id>/__table=<index>/`, replacing what a failed attempt left. Records
         the plan cannot decode are kept whole (R, K): see `decode_all`."""
         if self.decoded is not None:
-            source_topics, topics = plan_from_json(self.decoded)[0], self._topics(prog)
-            if source_topics != topics:
+            source, topics = DecodePlan.from_json(self.decoded), self._topics(prog)
+            if (source.topics, source.horizon) != (topics, prog.horizon):
                 raise RuntimeError(
-                    f"the source decodes with table numbers {source_topics}, the job's "
-                    f"progress has {topics}: restart the query"
+                    f"the source decodes with table numbers {source.topics} and horizon "
+                    f"{source.horizon}, the job's progress has {topics} and {prog.horizon}: "
+                    "restart the query"
                 )
             rows = df
         else:
-            topics, plan = self._topics(prog), self._plan(prog)
+            plan = self._plan(prog)
 
             def decode(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-                return decode_all(batches, topics, plan)
+                return decode_all(batches, plan)
 
-            rows = df.select("topic", "offset", "value").mapInArrow(decode, wide_ddl(plan))
+            rows = df.select("topic", "offset", "value").mapInArrow(decode, wide_ddl(plan.tables))
         rows.write.partitionBy(TABLE).mode("overwrite").parquet(str(bdir))
 
     def process_batch(self, df: Any, batch_id: int) -> None:
@@ -548,7 +309,7 @@ class BatchWriter:
             )
         prog.batch_id = batch_id
         prog.committed_at = time.time()
-        _write_progress(self.output, prog)  # the commit
+        write_progress(self.output, prog)  # the commit
         for path in old_states:
             shutil.rmtree(path, ignore_errors=True)
         self.batches_applied += 1
@@ -700,11 +461,6 @@ _STAT_COLS = [OP, COMMIT_TS, META]
 
 def _has_raw(stats: pa.Table) -> bool:
     return stats.num_rows > 0 and bool(pc.any(pc.equal(stats.column(OP), RAW_RECORD)).as_py())
-
-
-def _ts_range(value: Sequence[int]) -> tuple[int, int]:
-    lo, hi = value
-    return int(lo), int(hi)
 
 
 def _hold(tp: TableProgress, batch_id: int, stats: pa.Table) -> None:
@@ -876,6 +632,11 @@ def read_as_of(spark: Any, output: str | Path, table: str, ts: int) -> Any:
     mark = prog.watermark(table)
     if ts > mark:
         raise AboveWatermarkError(f"{table} as of ts {ts} is not available: watermark is {mark}")
+    if ts < prog.horizon:
+        raise BelowHorizonError(
+            f"{table} as of ts {ts} is not available: the job started from the checkpoint at "
+            f"ts {prog.horizon} and holds no history before it"
+        )
     inc = next((i for i in tp.incarnations if i.alive_at(ts)), None)
     if inc is None:
         raise TableNotFoundError(f"table {table} does not exist at ts {ts}")
@@ -898,6 +659,9 @@ def parse_tables(text: str | Sequence[str]) -> list[str]:
     return tables
 
 
+FROM_CHECKPOINT = ("auto", "always", "never")
+
+
 def start_query(
     spark: Any,
     bootstrap: str,
@@ -909,11 +673,24 @@ def start_query(
     max_records_per_trigger: int | None = None,
     source_options: dict[str, Any] | None = None,
     compact_interval_s: float = 10.0,
+    store: ObjectStore | None = None,
+    from_checkpoint: str = "auto",
 ) -> Any:
     """Start the CN query (returns the StreamingQuery). `trigger`: "available-now", or a
-    processing-time interval ("1s", "500 milliseconds")."""
+    processing-time interval ("1s", "500 milliseconds").
+
+    A job with no progress under `output` yet starts, by `from_checkpoint`:
+    - "never": from its topics' first records (full history); refused with
+      TruncatedLogtailError when a topic no longer starts at offset 0;
+    - "always": from the newest checkpoint in `store` (`consumers.spark.bootstrap`);
+    - "auto" (default): from the first records while every topic still has them, else
+      from the checkpoint (refused as for "never" when there is no `store`).
+    A table added to an existing job is read from its topic's first record (refused when
+    that was truncated). BootstrapError when the checkpoint cannot be used."""
     from consumers.spark.source import kafka_stream
 
+    if from_checkpoint not in FROM_CHECKPOINT:
+        raise ValueError(f"from_checkpoint is one of {FROM_CHECKPOINT}, got {from_checkpoint!r}")
     options: dict[str, Any] = {
         "startingOffsets": "earliest",
         "maxRecordsPerPartition": 50000,
@@ -924,8 +701,27 @@ def start_query(
     options.update(source_options or {})
     topics = [catalog_topic, *table_topics.values()]
     prog = load_progress(output)
-    unread = [t for n, t in table_topics.items() if prog is None or n not in prog.tables]
-    refuse_truncated(bootstrap, ([catalog_topic] if prog is None else []) + unread, options)
+    if prog is None:
+        lows = low_watermarks(bootstrap, topics, options)
+        truncated = {t: low for t, low in lows.items() if low > 0}
+        if from_checkpoint == "always" or (truncated and from_checkpoint == "auto" and store):
+            if store is None:
+                raise BootstrapError("starting from a checkpoint needs the object store")
+            prog = bootstrap_output(store, output, catalog_topic, table_topics, lows)
+        elif truncated:
+            raise TruncatedLogtailError(_truncated_message(truncated, store is None))
+    else:
+        new = [t for n, t in table_topics.items() if n not in prog.tables]
+        truncated = {t: low for t, low in low_watermarks(bootstrap, new, options).items() if low}
+        if truncated:
+            raise TruncatedLogtailError(
+                f"{_truncated_message(truncated, True)} (a table added to a running job is read "
+                "from its topic's first record: follow it with a job of its own)"
+            )
+    if prog is not None and prog.start_offsets:  # a job started from a checkpoint (used while Spark has no offsets)
+        starts = {t: {"0": -2} for t in topics}
+        starts.update({t: {"0": o} for t, o in prog.start_offsets.items() if t in starts})
+        options["startingOffsets"] = json.dumps(starts, sort_keys=True)
     hints = catalog_hints(bootstrap, catalog_topic, list(table_topics), options)
     writer = BatchWriter(output, catalog_topic, table_topics, compact_interval_s, hints)
     plan = writer.source_plan()
@@ -942,33 +738,36 @@ def start_query(
     return w.start()
 
 
-def refuse_truncated(bootstrap: str, topics: Sequence[str], options: dict[str, Any]) -> None:
-    """Raise TruncatedLogtailError when one of `topics` -- those this job will read from
-    their first record: all of them on a fresh output, a table's topic when the table is
-    new to it -- no longer starts at offset 0. The job builds each table from its topic's
-    first record and does not bootstrap from a checkpoint, so it would start past the gap
-    and show a table without the rows before it. (Once a query runs, the source's
-    failOnDataLoss guards the offsets it has planned.)"""
+def low_watermarks(bootstrap: str, topics: Sequence[str], options: dict[str, Any]) -> dict[str, int]:
+    """topic -> the first offset its partition 0 still has (the logtail topics have one
+    partition; > 0 once truncated after a checkpoint, or by retention)."""
     from consumers.spark.kafka_io import EndFinder
     from consumers.spark.source import SourceOptions
 
     if not topics:
-        return
+        return {}
     opts = SourceOptions.parse({**options, "bootstrap": bootstrap, "topics": ",".join(topics)}, True)
     finder = EndFinder(opts.kafka, opts.poll_timeout_s)
     try:
         watermarks = finder.watermarks(finder.partitions(topics))
     finally:
         finder.close()
-    gaps = sorted((key, low) for key, (low, _high) in watermarks.items() if low > 0)
-    if gaps:
-        where = ", ".join(f"{t}[{p}] starts at offset {low}" for (t, p), low in gaps)
-        raise TruncatedLogtailError(
-            f"{where}: records were deleted (the TN truncates logtail topics after checkpoints, "
-            "or retention did). The Spark CN builds each table from its topic's first record "
-            "and cannot bootstrap from a checkpoint: follow these tables with a CN given the "
-            "object store (kwal cn query), or start the Spark CN before they are truncated."
-        )
+    return {t: low for (t, p), (low, _high) in sorted(watermarks.items()) if p == 0}
+
+
+def _truncated_message(truncated: dict[str, int], no_store: bool) -> str:
+    where = ", ".join(f"{t}[0] starts at offset {low}" for t, low in sorted(truncated.items()))
+    fix = (
+        "give the job the object store the TN checkpoints to, to start from the newest "
+        "checkpoint (kwal cn spark does, with --from-checkpoint auto or always)"
+        if no_store
+        else "start from the newest checkpoint (--from-checkpoint auto or always)"
+    )
+    return (
+        f"{where}: records were deleted (the TN truncates logtail topics after checkpoints, "
+        f"or retention did). Reading from there would show tables without the rows before "
+        f"the gap: {fix}."
+    )
 
 
 def catalog_hints(
@@ -1013,13 +812,21 @@ def _interval(text: str) -> str:
 def run(args: Any, cfg: Any) -> int:
     """`kwal cn spark`: args.tables "db.t1,db.t2", args.output PATH, args.trigger "1s" |
     "available-now"; optional args.checkpoint, args.max_records_per_trigger, args.master,
-    args.compact_interval (seconds, default 10), args.timeout (seconds, 0 = forever).
-    Exit code 0, 1 when the query failed or cannot start (a truncated topic), 2 for bad
-    arguments."""
+    args.compact_interval (seconds, default 10), args.timeout (seconds, 0 = forever),
+    args.from_checkpoint (auto | always | never, see `start_query`; the object store is
+    cfg's). Exit code 0, 1 when the query failed or cannot start (a truncated topic, an
+    unusable checkpoint), 2 for bad arguments."""
+    from infra.objectstore import open_store
+
     try:
         tables = parse_tables(args.tables)
     except ValueError as e:
         print(f"kwal cn spark: {e}", file=sys.stderr)
+        return 2
+    from_checkpoint = str(getattr(args, "from_checkpoint", None) or "auto")
+    if from_checkpoint not in FROM_CHECKPOINT:
+        print(f"kwal cn spark: --from-checkpoint is one of {', '.join(FROM_CHECKPOINT)}",
+              file=sys.stderr)
         return 2
     output = str(args.output)
     trigger = str(getattr(args, "trigger", "1s") or "1s")
@@ -1038,10 +845,16 @@ def run(args: Any, cfg: Any) -> int:
             max_records_per_trigger=getattr(args, "max_records_per_trigger", None),
             source_options=kafka_opts,
             compact_interval_s=float(getattr(args, "compact_interval", None) or 10.0),
+            store=None if from_checkpoint == "never" else open_store(cfg.objectstore),
+            from_checkpoint=from_checkpoint,
         )
-    except TruncatedLogtailError as e:
+    except (TruncatedLogtailError, BootstrapError) as e:
         print(f"kwal cn spark: cannot start: {e}", file=sys.stderr)
         return 1
+    prog = load_progress(output)
+    if prog is not None and prog.horizon and prog.batch_id < 0:
+        print(f"kwal cn spark: started from the checkpoint at ts {prog.horizon}",
+              file=sys.stderr, flush=True)
     timeout = float(getattr(args, "timeout", 0) or 0)
     print(f"kwal cn spark: following {', '.join(tables)} into {output} (trigger {trigger})",
           file=sys.stderr, flush=True)
@@ -1076,6 +889,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="seconds between compactions of a table's state")
     ap.add_argument("--timeout", type=float, default=0, help="stop after this many seconds")
     ap.add_argument("--master", default=None, help="Spark master (default: spark-submit's)")
+    ap.add_argument("--from-checkpoint", default="auto", choices=list(FROM_CHECKPOINT),
+                    help="a new job: from the topics' first records or the newest checkpoint")
     args = ap.parse_args(argv)
     cfg = KwalConfig.load()
     if args.bootstrap:

@@ -22,7 +22,7 @@ Options (names are case-insensitive):
 | `pollTimeoutMs` | 10000 | bound of every wait: metadata, watermarks, and "no progress" while reading a range |
 | `probeTimeoutMs` | 1000 | bound of one micro-batch's search for the real end of partitions (see `kafka_io`) |
 | `failOnDataLoss` | true | fail when records of a planned range were deleted; false skips them |
-| `decode` | none | a decoding plan (`consumers.spark.decode.plan_to_json`): yield decoded change rows, not raw records |
+| `decode` | none | a decoding plan (`consumers.spark.decode.DecodePlan.to_json`): yield decoded change rows, not raw records |
 
 Schema (the built-in Kafka source's, with `includeHeaders=true`):
 `key binary, value binary, topic string, partition int, offset long, timestamp timestamp,
@@ -74,7 +74,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from consumers.spark.decode import decode_all, plan_from_json, wide_ddl
+from consumers.spark.decode import DecodePlan, decode_all, wide_ddl
 from consumers.spark.kafka_io import EndFinder, KafkaSourceError, read_range
 from consumers.spark.offsets import (
     OffsetRange,
@@ -121,7 +121,7 @@ class SourceOptions:
     poll_timeout_s: float
     probe_timeout_s: float
     fail_on_data_loss: bool
-    decode: str | None = None  # a plan_to_json text
+    decode: str | None = None  # a DecodePlan.to_json text
 
     @classmethod
     def parse(cls, options: Mapping[str, str], streaming: bool) -> SourceOptions:
@@ -160,7 +160,7 @@ def _checked_plan(text: str | None) -> str | None:
     if text is None:
         return None
     try:
-        plan_from_json(text)
+        DecodePlan.from_json(text)
     except (ValueError, KeyError, TypeError) as e:
         raise KafkaSourceError(f"{SOURCE_NAME}: the 'decode' option is not a decoding plan: {e}") from e
     return text
@@ -235,8 +235,7 @@ class _ReaderBase:
         )
         if self.options.decode is None:
             return records
-        topics, plan = plan_from_json(self.options.decode)
-        return decode_all(records, topics, plan)
+        return decode_all(records, DecodePlan.from_json(self.options.decode))
 
 
 class KwalKafkaStreamReader(_ReaderBase, DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -348,7 +347,7 @@ class KwalKafkaDataSource(DataSource):
 
     def schema(self) -> StructType | str:
         plan = self.options.get("decode")
-        return wide_ddl(plan_from_json(plan)[1]) if plan else SOURCE_SCHEMA
+        return wide_ddl(DecodePlan.from_json(plan).tables) if plan else SOURCE_SCHEMA
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         return KwalKafkaStreamReader(SourceOptions.parse(self.options, streaming=True), schema)

@@ -13,6 +13,7 @@ import pytest
 from infra.config import KwalConfig
 from infra.objectstore import FolderStore, ObjectStore
 from infra.topics import ensure_topics
+from tn.checkpoint.compaction import compact_block
 from tn.checkpoint.manifest import Manifest
 from tn.checkpoint.runner import CheckpointRunner
 from tn.engine import Engine
@@ -21,6 +22,7 @@ from tn.logstore.driver import LogStore
 from tn.logstore.memory_backend import MemoryDriver
 from tn.logtail.truncation import LogtailTruncator
 from tn.logtail.wiring import Logtail, attach_logtail
+from tn.memtable.block import BLOCK_ROWS
 from tn.txn.transaction import Transaction
 
 COLUMNS = [("id", "int64"), ("v", "string")]
@@ -91,6 +93,35 @@ def random_txn(
     except TnError:
         t.rollback()
         return None
+
+
+def random_steps(tn: Tn, rng: random.Random, steps: int, stamps: list[int]) -> None:
+    """Seeded DML on db.a and db.b, with the odd add column, and drop + re-create of b
+    (db.a keeps the compacted block of `checkpoint_then_compact`). A column's name comes
+    from the count of commits so far, unique across calls. Commit ts go to `stamps`."""
+    for _ in range(steps):
+        ts = random_txn(tn.engine, rng, len(stamps), keys=60, alter=0.06, droppable=("b",))
+        if ts is not None:
+            stamps.append(ts)
+
+
+def checkpoint_then_compact(tn: Tn, rng: random.Random, steps: int, stamps: list[int]) -> Manifest:
+    """db.a and db.b created, a full block of db.a, `steps` random transactions, a
+    checkpoint (returned), then that block compacted (its deleted rows folded away; the new
+    objects published as a BlockMeta)."""
+    tn.create("a", "b")
+    rows = [{"id": i, "v": "big"} for i in range(1000, 1000 + BLOCK_ROWS + 10)]
+    stamps.append(tn.commit(lambda t: t.insert("db", "a", rows)))
+    random_steps(tn, rng, steps, stamps)
+    first = tn.checkpoint()
+    db = tn.engine.catalog.database("db", first.ts)
+    assert db is not None
+    table_a = tn.engine.catalog.table(db, "a", first.ts)
+    assert table_a is not None
+    full = table_a.mem.blocks[0]
+    publish = tn.logtail.publisher.publish_records
+    stamps.append(compact_block(tn.engine, tn.store, "db", "a", full.id, publish=publish))
+    return first
 
 
 def start_tn(

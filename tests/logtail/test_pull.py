@@ -14,20 +14,9 @@ from consumers.core.cn import CN
 from consumers.core.exceptions import BelowHorizonError
 from infra import doctor
 from infra.config import KwalConfig
-from tests.logtail.conftest import Tn, random_txn
-from tn.checkpoint.compaction import compact_block
+from tests.logtail.conftest import Tn, checkpoint_then_compact, random_steps
 from tn.checkpoint.manifest import newest_manifest
 from tn.memtable.block import BLOCK_ROWS
-
-
-def _random_steps(tn: Tn, rng: random.Random, steps: int, stamps: list[int]) -> None:
-    """Seeded DML on db.a and db.b, with the odd add column, and drop + re-create of b
-    (db.a keeps the compacted block). A column's name comes from the count of commits
-    so far, unique across calls."""
-    for _ in range(steps):
-        ts = random_txn(tn.engine, rng, len(stamps), keys=60, alter=0.06, droppable=("b",))
-        if ts is not None:
-            stamps.append(ts)
 
 
 def test_late_cn_bootstraps_after_checkpoints_and_truncation(tn: Tn, kwal_config: KwalConfig) -> None:
@@ -37,22 +26,15 @@ def test_late_cn_bootstraps_after_checkpoints_and_truncation(tn: Tn, kwal_config
     from the horizon to its watermark its snapshot equals the TN's."""
     rng = random.Random(11)
     stamps: list[int] = []
-    tn.create("a", "b")
-    stamps.append(tn.commit(lambda t: t.insert("db", "a", [{"id": i, "v": "big"} for i in range(1000, 1000 + BLOCK_ROWS + 10)])))
-    _random_steps(tn, rng, 40, stamps)
-    first = tn.checkpoint()
-    table_a = tn.engine.catalog.table(tn.engine.catalog.database("db", first.ts), "a", first.ts)  # type: ignore[arg-type]
-    assert table_a is not None
-    full = table_a.mem.blocks[0]
-    stamps.append(compact_block(tn.engine, tn.store, "db", "a", full.id, publish=tn.logtail.publisher.publish_records))
-    _random_steps(tn, rng, 40, stamps)
+    first = checkpoint_then_compact(tn, rng, 40, stamps)
+    random_steps(tn, rng, 40, stamps)
     second = tn.checkpoint()
-    _random_steps(tn, rng, 40, stamps)
+    random_steps(tn, rng, 40, stamps)
     # The first two checkpoints may find records not yet acknowledged (offsets are then
     # lower bounds, possibly 0); before the third, everything so far is acknowledged.
     assert tn.logtail.publisher.flush(30), tn.logtail.publisher.errors
     third = tn.checkpoint()
-    _random_steps(tn, rng, 30, stamps)  # after the last checkpoint: only in the logtail
+    random_steps(tn, rng, 30, stamps)  # after the last checkpoint: only in the logtail
     final = tn.engine.heartbeat().result(10)
     assert tn.logtail.publisher.flush(30), tn.logtail.publisher.errors
 
@@ -115,12 +97,12 @@ def test_cn_whose_position_was_truncated_away_bootstraps_again(tn: Tn, kwal_conf
     rng = random.Random(5)
     stamps: list[int] = []
     tn.create("a", "b")
-    _random_steps(tn, rng, 30, stamps)
+    random_steps(tn, rng, 30, stamps)
     assert tn.logtail.publisher.flush(30), tn.logtail.publisher.errors
     tn.checkpoint()
-    _random_steps(tn, rng, 30, stamps)
+    random_steps(tn, rng, 30, stamps)
     last = tn.checkpoint()  # truncates below the first checkpoint's offsets
-    _random_steps(tn, rng, 20, stamps)
+    random_steps(tn, rng, 20, stamps)
     final = tn.engine.heartbeat().result(10)
     assert tn.logtail.publisher.flush(30), tn.logtail.publisher.errors
     marks: list[int] = []

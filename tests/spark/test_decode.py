@@ -10,24 +10,25 @@ import pytest
 
 from consumers.core.exceptions import SchemaMismatchError
 from consumers.spark.decode import (
+    HEARTBEAT,
     INSERT,
     META,
     OP,
     RAW,
     RAW_RECORD,
+    DecodePlan,
     change_schema,
     changed_columns,
     decode_all,
     decode_changes,
-    plan_from_json,
-    plan_to_json,
     wide_name,
 )
-from consumers.spark.job import Incarnation, TableProgress, _decodable
+from consumers.spark.job import _decodable
 from consumers.spark.kafka_io import KafkaSourceError
+from consumers.spark.progress import Incarnation, TableProgress
 from consumers.spark.source import SourceOptions
 from schemas.arrow_ipc import table_to_ipc
-from schemas.logtail import COMMIT_TS, ROW_ID, Changes, LogtailRecord, encode_logtail
+from schemas.logtail import COMMIT_TS, ROW_ID, Changes, Heartbeat, LogtailRecord, encode_logtail
 from schemas.wal import ColumnDef, ColumnType, TableSchema
 
 V1 = TableSchema((ColumnDef(1, "id", ColumnType.INT64, False), ColumnDef(2, "v", ColumnType.STRING)), "id")
@@ -59,7 +60,7 @@ def _kafka(values: list[bytes]) -> pa.RecordBatch:
 
 def test_a_record_with_a_column_the_plan_lacks_is_kept_whole_with_its_columns() -> None:
     values = [_record(10, extra=False), _record(11, extra=True)]
-    out = pa.Table.from_batches(list(decode_all([_kafka(values)], {"t": 0}, {0: list(V1.columns)})))
+    out = pa.Table.from_batches(list(decode_all([_kafka(values)], DecodePlan({"t": 0}, {0: list(V1.columns)}))))
     rows = out.to_pylist()
     decoded = [r for r in rows if r[OP] == INSERT]
     kept = [r for r in rows if r[OP] == RAW_RECORD]
@@ -67,7 +68,7 @@ def test_a_record_with_a_column_the_plan_lacks_is_kept_whole_with_its_columns() 
     assert len(kept) == 1 and kept[0][RAW] == values[1]
     assert json.loads(kept[0][META]) == ["extra", "id", "v"]
     # with the altered schema in the plan, the same record decodes, its value kept
-    out = pa.Table.from_batches(list(decode_all([_kafka(values)], {"t": 0}, {0: list(V2.columns)})))
+    out = pa.Table.from_batches(list(decode_all([_kafka(values)], DecodePlan({"t": 0}, {0: list(V2.columns)}))))
     assert out.column(wide_name(0, "extra")).to_pylist() == [None, 110]
 
 
@@ -95,8 +96,20 @@ def test_undecoded_records_wait_for_their_alter_then_fail_loudly_without_it() ->
 def test_a_decoding_plan_round_trips_and_the_source_refuses_a_bad_one() -> None:
     topics = {"catalog": -1, "t": 0, "u": 1}
     plan: dict[int, list[ColumnDef] | None] = {0: list(V2.columns), 1: None}
-    assert plan_from_json(plan_to_json(topics, plan)) == (topics, plan)
-    opts = {"bootstrap": "127.0.0.1:9", "topics": "t", "decode": plan_to_json(topics, plan)}
+    decode = DecodePlan(topics, plan, horizon=7)
+    assert DecodePlan.from_json(decode.to_json()) == decode
+    opts = {"bootstrap": "127.0.0.1:9", "topics": "t", "decode": decode.to_json()}
     assert SourceOptions.parse(opts, streaming=True).decode == opts["decode"]
     with pytest.raises(KafkaSourceError, match="'decode' option is not a decoding plan"):
         SourceOptions.parse({**opts, "decode": '{"plan": {}}'}, streaming=True)
+
+
+def test_records_at_or_below_the_horizon_are_dropped_but_heartbeats() -> None:
+    """A job started from a checkpoint at ts 11 has those rows from the objects already."""
+    beat = encode_logtail(LogtailRecord("db", "t", 11, Heartbeat()))
+    values = [_record(10, extra=False), _record(11, extra=False), beat, _record(12, extra=False)]
+    plan = DecodePlan({"t": 0}, {0: list(V1.columns)}, horizon=11)
+    rows = pa.Table.from_batches(list(decode_all([_kafka(values)], plan))).to_pylist()
+    assert sorted((r[OP], r[COMMIT_TS]) for r in rows) == [(HEARTBEAT, 11), (INSERT, 12)]
+    everything = DecodePlan({"t": 0}, {0: list(V1.columns)})
+    assert len(pa.Table.from_batches(list(decode_all([_kafka(values)], everything)))) == 4

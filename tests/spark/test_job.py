@@ -333,9 +333,10 @@ def test_a_fresh_job_refuses_a_truncated_logtail_topic(
     monkeypatch: pytest.MonkeyPatch,
     truncated_by: str,
 ) -> None:
-    """The job builds a table from its topic's first record: on a topic truncated after a
-    checkpoint it would start past the gap and show the table without the rows before it.
-    It refuses to start instead, naming the topic and where it now starts. The topic is
+    """A job without the object store builds a table from its topic's first record: on a
+    topic truncated after a checkpoint it would start past the gap and show the table
+    without the rows before it. It refuses to start instead, naming the topic and where it
+    now starts (with the store, it starts from the checkpoint: test_bootstrap). The topic is
     truncated for real where the broker has DeleteRecords; the other case makes the
     driver's consumer report the low watermark such a broker would (the decision and the
     message, not Kafka, are under test there), so it runs on every broker."""
@@ -373,5 +374,6 @@ def test_a_fresh_job_refuses_a_truncated_logtail_topic(
         start_query(spark, cfg.bootstrap, cfg.topics.catalog, {A: topic}, output)
     args = argparse.Namespace(tables=A, output=str(output), trigger="available-now", timeout=60)
     assert run(args, cfg) == 1
-    assert "cannot bootstrap from a checkpoint" in capsys.readouterr().err
+    # kwal cn spark gives the job the object store: with no checkpoint there, it cannot start
+    assert "holds no checkpoint" in capsys.readouterr().err
     assert load_progress(output) is None  # nothing was started
