@@ -134,12 +134,8 @@ class CNCore:
             self.last_lsn.clear()
             self.horizon = self.catalog_watermark = t1
             self.last_checkpoint = (t1, manifest.key)
-            databases = {d["id"]: d["name"] for d in snapshot.databases}
             alive: dict[int, TableState] = {}
-            for t in snapshot.tables:
-                key = f"{databases[t['db_id']]}.{t['name']}"
-                if key not in self.subscribed or t["delete_ts"]:
-                    continue  # a table dropped at or before t1 cannot be read at or after it
+            for key, t in snapshot.tables_alive(self.subscribed).items():
                 state = self._version(key, t["id"])
                 state.create_ts = t["create_ts"]
                 state.schemas = [(int(ts), schema_in(s)) for ts, s in t["schemas"]]
@@ -150,8 +146,7 @@ class CNCore:
                 owner = alive.get(b.table_id)
                 if owner is None or not b.meta_loc:
                     continue
-                meta = BlockMeta(b.id, b.meta_loc, b.data_ts + 1, b.delta_loc, b.create_ts, b.delete_ts)
-                owner.blocks[b.id] = BlockObject(meta)
+                owner.blocks[b.id] = BlockObject(b.block_meta())
             self._applied()
             return [f"{s.database}.{s.name}" for s in alive.values()]
 

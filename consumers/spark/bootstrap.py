@@ -30,11 +30,9 @@ hold the state at t1, not the history before it.
 from __future__ import annotations
 
 import io
-import json
 import logging
 import shutil
-from collections.abc import Mapping
-from dataclasses import asdict
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 import pyarrow as pa
@@ -49,12 +47,13 @@ from consumers.spark.decode import (
     META,
     OFFSET,
     OP,
+    block_meta_json,
     change_schema,
     union_columns,
 )
 from consumers.spark.progress import Incarnation, Progress, TableProgress, write_progress
 from infra.objectstore import ObjectStore
-from schemas.logtail import COMMIT_TS, ROW_ID, BlockMeta
+from schemas.logtail import COMMIT_TS, ROW_ID
 from tn.checkpoint.manifest import BlockEntry, CatalogSnapshot, Manifest, newest_manifest, schema_in
 
 log = logging.getLogger(__name__)
@@ -77,14 +76,25 @@ def bootstrap_output(
     meanwhile; starting again picks it up)."""
     manifest, snapshot = load_checkpoint(store)  # 1.
     t1 = snapshot.ts
-    alive = alive_tables(snapshot, list(table_topics))
+    alive = snapshot.tables_alive(table_topics)
     prog = Progress(
         batch_id=BOOTSTRAP_BATCH,
         catalog_topic=catalog_topic,
         catalog_watermark=t1,
         horizon=t1,
-        start_offsets=start_offsets(manifest, {"": catalog_topic, **table_topics}),
+        start_offsets=start_offsets(manifest, [catalog_topic, *table_topics.values()]),
     )
+    starts = {t: max(o, 0) for t, o in prog.start_offsets.items()}  # -2: its first record
+    gone = {t: (o, lows[t]) for t, o in starts.items() if o < lows.get(t, 0)}
+    if gone:
+        where = "; ".join(
+            f"{t}[0] starts at {low}, past offset {o} where the job must begin"
+            for t, (o, low) in sorted(gone.items())
+        )
+        raise TruncatedLogtailError(
+            f"{where}: records after checkpoint ts {t1} were deleted since it was taken (a "
+            "newer checkpoint's truncation, or retention); start again to use the newest one"
+        )
     for index, (name, topic) in enumerate(table_topics.items()):
         tp = prog.tables[name] = TableProgress(name, topic, index=index)
         entry = alive.get(name)
@@ -98,17 +108,6 @@ def bootstrap_output(
         if rows:
             tp.change_dirs.append([BOOTSTRAP_BATCH, f"{name}/{BOOTSTRAP_DIR}", ""])
             tp.change_rows = tp.uncompacted = rows
-    starts = {t: max(o, 0) for t, o in prog.start_offsets.items()}  # -2: its first record
-    gone = {t: (o, lows[t]) for t, o in starts.items() if o < lows.get(t, 0)}
-    if gone:
-        where = "; ".join(
-            f"{t}[0] starts at {low}, past offset {o} where the job must begin"
-            for t, (o, low) in sorted(gone.items())
-        )
-        raise TruncatedLogtailError(
-            f"{where}: records after checkpoint ts {t1} were deleted since it was taken (a "
-            "newer checkpoint's truncation, or retention); start again to use the newest one"
-        )
     write_progress(output, prog)  # 4.
     log.info(
         "Spark CN: started from checkpoint %s (ts %d): %s",
@@ -138,30 +137,11 @@ def load_checkpoint(store: ObjectStore) -> tuple[Manifest, CatalogSnapshot]:
     return manifest, snapshot
 
 
-def alive_tables(snapshot: CatalogSnapshot, names: list[str]) -> dict[str, dict]:
-    """Step 2's lookup: db.table -> its snapshot entry, for the `names` alive at t1."""
-    databases = {d["id"]: d["name"] for d in snapshot.databases}
-    out: dict[str, dict] = {}
-    for t in snapshot.tables:
-        key = f"{databases[t['db_id']]}.{t['name']}"
-        if key in names and not t["delete_ts"]:
-            out[key] = t
-    return out
-
-
 def block_alive_at(block: BlockEntry, ts: int) -> bool:
     """Whether the block's objects are part of the table at `ts` (as `TableState.snapshot`)."""
     return bool(block.meta_loc) and block.create_ts <= ts and not (
         block.delete_ts and block.delete_ts <= ts
     )
-
-
-def block_meta_json(block: BlockEntry) -> str:
-    """The block as the BlockMeta JSON the job keeps per table (`TableProgress.blocks`)."""
-    meta = BlockMeta(
-        block.id, block.meta_loc, block.data_ts + 1, block.delta_loc, block.create_ts, block.delete_ts
-    )
-    return json.dumps(asdict(meta), sort_keys=True)
 
 
 def change_rows(objects: pa.Table, op: str, t1: int, target: pa.Schema) -> pa.Table:
@@ -203,7 +183,7 @@ def write_table_rows(
     for block in snapshot.blocks:
         if block.table_id != entry["id"] or not block_alive_at(block, t1):
             continue
-        metas[str(block.id)] = block_meta_json(block)
+        metas[str(block.id)] = block_meta_json(block.block_meta())
         for op, key in ((INSERT, block.meta_loc), (DELETE, block.delta_loc)):
             if not key:
                 continue
@@ -221,7 +201,7 @@ def write_table_rows(
     return written, metas
 
 
-def start_offsets(manifest: Manifest, topics: Mapping[str, str]) -> dict[str, int]:
+def start_offsets(manifest: Manifest, topics: Iterable[str]) -> dict[str, int]:
     """Step 4's positions: topic -> offset of its partition 0 (the logtail topics have one),
-    -2 (earliest) for a topic the manifest does not list. `topics` are the job's, by name."""
-    return {topic: int(manifest.logtail_offsets.get(topic, -2)) for topic in topics.values()}
+    -2 (earliest) for a topic the manifest does not list."""
+    return {topic: int(manifest.logtail_offsets.get(topic, -2)) for topic in topics}

@@ -75,7 +75,8 @@ def change_schema(columns: Sequence[ColumnDef]) -> pa.Schema:
     return pa.schema([*META_FIELDS, *(pa.field(c.name, ARROW_TYPES[c.type], True) for c in columns)])
 
 
-def _block_meta_json(meta: BlockMeta) -> str:
+def block_meta_json(meta: BlockMeta) -> str:
+    """A BlockMeta as the JSON the change log's `__meta` and the job's progress keep."""
     return json.dumps(asdict(meta), sort_keys=True)
 
 
@@ -132,7 +133,7 @@ class ChangeBuilder:
             self.rows += 1
             return True
         if isinstance(body, BlockMeta):
-            self.controls.append((BLOCK, record.commit_ts, record.lsn, offset, _block_meta_json(body)))
+            self.controls.append((BLOCK, record.commit_ts, record.lsn, offset, block_meta_json(body)))
         elif isinstance(body, Checkpoint):
             self.controls.append((CHECKPOINT, record.commit_ts, record.lsn, offset, body.manifest_key))
         else:  # Heartbeat (a Catalog record on a table topic is not expected: treated alike)

@@ -18,10 +18,12 @@ mostly-optional tree; JSON keeps it readable for operators).
 from __future__ import annotations
 
 import json
+from collections.abc import Collection
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from infra.objectstore import ObjectStore
+from schemas.logtail import BlockMeta
 from schemas.wal import ColumnDef, ColumnType, TableSchema
 
 VERSION = 1
@@ -50,6 +52,13 @@ class BlockEntry:
     rows: int  # row count (offsets) the object covers
     complete: bool  # meta_loc holds every row the block will ever have
 
+    def block_meta(self) -> BlockMeta:
+        """The block as the logtail announces it to CNs: rows with commit ts below
+        data_ts + 1 are in meta_loc."""
+        return BlockMeta(
+            self.id, self.meta_loc, self.data_ts + 1, self.delta_loc, self.create_ts, self.delete_ts
+        )
+
 
 @dataclass
 class CatalogSnapshot:
@@ -59,6 +68,17 @@ class CatalogSnapshot:
     tables: list[dict[str, Any]] = field(default_factory=list)
     segments: list[dict[str, Any]] = field(default_factory=list)
     blocks: list[BlockEntry] = field(default_factory=list)
+
+    def tables_alive(self, names: Collection[str]) -> dict[str, dict[str, Any]]:
+        """db.table -> its table entry, for those of `names` alive at the snapshot's ts (a
+        table dropped at or before it cannot be read at or after it)."""
+        databases = {d["id"]: d["name"] for d in self.databases}
+        out: dict[str, dict[str, Any]] = {}
+        for t in self.tables:
+            key = f"{databases[t['db_id']]}.{t['name']}"
+            if key in names and not t["delete_ts"]:
+                out[key] = t
+        return out
 
     def encode(self) -> bytes:
         d = asdict(self)
