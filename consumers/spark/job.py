@@ -686,7 +686,8 @@ def start_query(
     - "auto" (default): from the first records while every topic still has them, else
       from the checkpoint (refused as for "never" when there is no `store`).
     A table added to an existing job is read from its topic's first record (refused when
-    that was truncated). BootstrapError when the checkpoint cannot be used."""
+    that was truncated; a job started from a checkpoint takes no new table: BootstrapError,
+    as when the checkpoint cannot be used)."""
     from consumers.spark.source import kafka_stream
 
     if from_checkpoint not in FROM_CHECKPOINT:
@@ -704,21 +705,34 @@ def start_query(
     if prog is None:
         lows = low_watermarks(bootstrap, topics, options)
         truncated = {t: low for t, low in lows.items() if low > 0}
-        if from_checkpoint == "always" or (truncated and from_checkpoint == "auto" and store):
+        pull = truncated and from_checkpoint == "auto" and store is not None
+        if from_checkpoint == "always" or pull:
             if store is None:
                 raise BootstrapError("starting from a checkpoint needs the object store")
             prog = bootstrap_output(store, output, catalog_topic, table_topics, lows)
         elif truncated:
-            raise TruncatedLogtailError(_truncated_message(truncated, store is None))
+            raise TruncatedLogtailError(_truncated_message(truncated, (
+                "start from the newest checkpoint (--from-checkpoint auto or always)"
+                if store is not None
+                else "give the job the object store the TN checkpoints to, to start from the "
+                "newest checkpoint (kwal cn spark does, unless --from-checkpoint never)"
+            )))
     else:
-        new = [t for n, t in table_topics.items() if n not in prog.tables]
-        truncated = {t: low for t, low in low_watermarks(bootstrap, new, options).items() if low}
-        if truncated:
-            raise TruncatedLogtailError(
-                f"{_truncated_message(truncated, True)} (a table added to a running job is read "
-                "from its topic's first record: follow it with a job of its own)"
+        new = [n for n in table_topics if n not in prog.tables]
+        if new and prog.horizon:
+            raise BootstrapError(
+                f"{', '.join(new)}: this job started from the checkpoint at ts {prog.horizon} "
+                "and holds no rows of other tables before it; follow them with a job of their own"
             )
-    if prog is not None and prog.start_offsets:  # a job started from a checkpoint (used while Spark has no offsets)
+        lows = low_watermarks(bootstrap, [table_topics[n] for n in new], options)
+        truncated = {t: low for t, low in lows.items() if low > 0}
+        if truncated:
+            raise TruncatedLogtailError(_truncated_message(truncated, (
+                "a table added to a job is read from its topic's first record: follow it with "
+                "a job of its own, which can start from the checkpoint"
+            )))
+    if prog is not None and prog.start_offsets:
+        # started from a checkpoint: where Spark starts while its checkpointLocation is empty
         starts = {t: {"0": -2} for t in topics}
         starts.update({t: {"0": o} for t, o in prog.start_offsets.items() if t in starts})
         options["startingOffsets"] = json.dumps(starts, sort_keys=True)
@@ -755,14 +769,8 @@ def low_watermarks(bootstrap: str, topics: Sequence[str], options: dict[str, Any
     return {t: low for (t, p), (low, _high) in sorted(watermarks.items()) if p == 0}
 
 
-def _truncated_message(truncated: dict[str, int], no_store: bool) -> str:
+def _truncated_message(truncated: dict[str, int], fix: str) -> str:
     where = ", ".join(f"{t}[0] starts at offset {low}" for t, low in sorted(truncated.items()))
-    fix = (
-        "give the job the object store the TN checkpoints to, to start from the newest "
-        "checkpoint (kwal cn spark does, with --from-checkpoint auto or always)"
-        if no_store
-        else "start from the newest checkpoint (--from-checkpoint auto or always)"
-    )
     return (
         f"{where}: records were deleted (the TN truncates logtail topics after checkpoints, "
         f"or retention did). Reading from there would show tables without the rows before "

@@ -75,14 +75,15 @@ def bytecode_spark_home(cache_root: Path | None = None) -> Path | None:
     with bytecode (see the module docstring), or None to leave SPARK_HOME as it is.
 
     None when SPARK_HOME is already set, when the workers run another interpreter than this
-    one, when PySpark is not a pip install (no `jars/` beside its `__init__.py`), or when the
-    mirror cannot be written (logged; Spark then starts as usual, only slower).
+    one, when PySpark is not a pip install (no `jars/` beside its `__init__.py`), or when no
+    mirror can be written (logged; Spark then starts as usual, only slower).
 
-    The mirror lives under `cache_root` (default `$XDG_CACHE_HOME/kwal` or `~/.cache/kwal`),
-    named by the package directory's path and PySpark's version, and is built once: in a
-    temporary directory, then renamed into place, so concurrent sessions never see half of
-    it. It must outlive the JVM (its class loader opens jars lazily), hence a cache and not
-    a temporary directory."""
+    The mirror lives under `cache_root`, by default the first of `$XDG_CACHE_HOME/kwal` (or
+    `~/.cache/kwal`) and `<temp dir>/kwal-<uid>` that can hold it, named by the package
+    directory's path and PySpark's version. It is built once: in a temporary directory, then
+    renamed into place, so concurrent sessions never see half of it. It must outlive the
+    JVM (its class loader opens jars lazily), hence a cache and not a temporary directory
+    removed at exit."""
     if os.environ.get("SPARK_HOME"):
         return None
     if os.environ.get("PYSPARK_PYTHON", sys.executable) != sys.executable:
@@ -93,20 +94,33 @@ def bytecode_spark_home(cache_root: Path | None = None) -> Path | None:
     if not (package / "jars").is_dir():
         return None
     key = hashlib.sha256(f"{package}|{pyspark.__version__}".encode()).hexdigest()[:16]
-    root = cache_root if cache_root is not None else _cache_dir()
-    home = root / f"spark-home-{pyspark.__version__}-{key}"
-    try:
-        if not _mirrors(home, package):
-            _build_mirror(home, package)
-    except OSError as e:
-        log.info("kwal: not mirroring SPARK_HOME (%s); Python workers import pyspark.zip", e)
-        return None
-    return home
+    name = f"spark-home-{pyspark.__version__}-{key}"
+    errors = []
+    for root in [cache_root] if cache_root is not None else _cache_dirs():
+        home = root / name
+        try:
+            if not _mirrors(home, package):
+                _build_mirror(home, package)
+            return home
+        except OSError as e:
+            errors.append(f"{root}: {e}")
+    log.info("kwal: no SPARK_HOME mirror (%s); Python workers import pyspark.zip", "; ".join(errors))
+    return None
 
 
-def _cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "kwal"
+def _cache_dirs() -> list[Path]:
+    """Where the mirror may live, in order of preference."""
+    dirs = []
+    base = os.environ.get("XDG_CACHE_HOME")
+    if not base:
+        try:
+            base = str(Path.home() / ".cache")
+        except RuntimeError:  # no HOME and no passwd entry
+            base = ""
+    if base:
+        dirs.append(Path(base) / "kwal")
+    dirs.append(Path(tempfile.gettempdir()) / f"kwal-{os.getuid()}")
+    return dirs
 
 
 def _entries(package: Path) -> list[Path]:
@@ -126,10 +140,15 @@ def _mirrors(home: Path, package: Path) -> bool:
 
 
 def _build_mirror(home: Path, package: Path) -> None:
-    """1. link every entry in a fresh temporary directory beside `home`; 2. rename it to `home`
+    """0. refuse a parent directory another user could write to (in the temp dir fallback);
+    1. link every entry in a fresh temporary directory beside `home`; 2. rename it to `home`
     (atomic); 3. if another process won the race with a complete mirror, keep theirs; a stale
     mirror (PySpark reinstalled with other entries) is replaced."""
-    home.parent.mkdir(parents=True, exist_ok=True)
+    home.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    st = home.parent.stat()
+    if st.st_uid != os.getuid() or st.st_mode & 0o022:
+        # the mirror decides which jars the JVM loads: never in a directory others can write
+        raise PermissionError(f"{home.parent} is not private to this user")
     staging = Path(tempfile.mkdtemp(prefix=f".{home.name}-", dir=home.parent))
     try:
         for entry in _entries(package):

@@ -176,6 +176,10 @@ def test_auto_starts_from_the_checkpoint_only_when_a_topic_was_truncated(
         for name in ("a", "b"):
             expected = _tn_rows(tn, name, final)
             assert _rows(read_as_of(spark, pulled, f"db.{name}", final)) == expected, name
+        # a job started from a checkpoint has no rows of another table before it
+        more = {t: cfg.topics.logtail(*t.split(".", 1)) for t in [*TABLES, "db.c"]}
+        with pytest.raises(BootstrapError, match=r"db\.c: this job started from the checkpoint"):
+            start_query(spark, cfg.bootstrap, cfg.topics.catalog, more, pulled)
         with pytest.raises(TruncatedLogtailError, match=rf"{topic}\[0\] starts at offset 1.*object store"):
             start_query(spark, cfg.bootstrap, cfg.topics.catalog, {"db.a": topic}, tmp_path / "x")
     finally:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -60,10 +61,22 @@ def test_the_users_choices_are_left_alone(tmp_path: Path, monkeypatch: pytest.Mo
     assert list(tmp_path.iterdir()) == []
 
 
-def test_an_unwritable_cache_falls_back_to_spark_as_it_is(tmp_path: Path, clean_env: None) -> None:
+def test_an_unwritable_cache_falls_back_to_the_temp_dir_then_to_spark_as_it_is(
+    tmp_path: Path, clean_env: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("not a directory")
     assert bytecode_spark_home(blocker / "cache") is None
+    monkeypatch.setenv("XDG_CACHE_HOME", str(blocker / "cache"))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    home = bytecode_spark_home()
+    assert home is not None and home.parent == tmp_path / "tmp" / f"kwal-{os.getuid()}"
+    monkeypatch.setattr(tempfile, "tempdir", str(blocker / "tmp"))
+    assert bytecode_spark_home() is None
+    shared = tmp_path / "shared"  # others could swap the jars the JVM loads: refused
+    shared.mkdir()
+    shared.chmod(0o777)
+    assert bytecode_spark_home(shared) is None and list(shared.iterdir()) == []
 
 
 def _pyspark_file(batches: Iterator[Any]) -> Iterator[Any]:
