@@ -10,7 +10,7 @@ starts (`PythonUtils.sparkPythonPath`). Python cannot cache bytecode for modules
 from a zip, so each such process compiles PySpark's modules again: importing the streaming
 source runner took 1.2-2.1 s from the zip and 0.3-0.6 s from site-packages on a 2-core
 machine. Every streaming query starts one of those processes for its source before its
-first batch (measured: the first batch began 2.5-2.7 s after `start()` with the zip,
+first batch (measured: the first batch began 2.5-2.7 s after `start_query` with the zip,
 1.2-1.5 s without). With a pip-installed PySpark, the same modules, of the same version,
 are in the site-packages of the interpreter the workers run (`PYSPARK_PYTHON`, set to this
 one), with bytecode. So, for a local session of a pip-installed PySpark only, the JVM is
