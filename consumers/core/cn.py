@@ -250,6 +250,20 @@ class CNCore:
             return True
 
 
+def newest_checkpoint(store: ObjectStore) -> tuple[Manifest, CatalogSnapshot] | None:
+    """The newest checkpoint's manifest and the catalog snapshot it names (None: the store
+    holds none); BootstrapError when they cannot be read. Every CN that pulls starts here."""
+    try:
+        manifest = newest_manifest(store)
+        if manifest is None:
+            return None
+        return manifest, CatalogSnapshot.decode(store.get(manifest.catalog))
+    except Exception as e:
+        raise BootstrapError(
+            f"cannot read the newest checkpoint from the object store: {type(e).__name__}: {e}"
+        ) from e
+
+
 def _no_store(key: str) -> bytes:
     raise TableNotFoundError(f"block object {key} is needed but this CN has no object store")
 
@@ -300,15 +314,10 @@ class CN(CNCore):
     def _bootstrap_from_store(self) -> Manifest | None:
         """Steps a-b: state and positions from the newest checkpoint (None: there is none)."""
         assert self.store is not None
-        try:
-            manifest = newest_manifest(self.store)
-            if manifest is None:
-                return None
-            snapshot = CatalogSnapshot.decode(self.store.get(manifest.catalog))
-        except Exception as e:
-            raise BootstrapError(
-                f"cannot read the newest checkpoint from the object store: {type(e).__name__}: {e}"
-            ) from e
+        newest = newest_checkpoint(self.store)
+        if newest is None:
+            return None
+        manifest, snapshot = newest
         alive = self.bootstrap(manifest, snapshot)
         offsets = self._offsets = manifest.logtail_offsets
         with self._lock:

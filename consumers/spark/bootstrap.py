@@ -39,6 +39,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from consumers.core.cn import newest_checkpoint
 from consumers.core.exceptions import BootstrapError, TruncatedLogtailError
 from consumers.spark.decode import (
     DELETE,
@@ -54,7 +55,7 @@ from consumers.spark.decode import (
 from consumers.spark.progress import Incarnation, Progress, TableProgress, write_progress
 from infra.objectstore import ObjectStore
 from schemas.logtail import COMMIT_TS, ROW_ID
-from tn.checkpoint.manifest import BlockEntry, CatalogSnapshot, Manifest, newest_manifest, schema_in
+from tn.checkpoint.manifest import BlockEntry, CatalogSnapshot, Manifest, schema_in
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +75,13 @@ def bootstrap_output(
     topic -> the first offset it still has. Before committing, every start position must
     still exist: TruncatedLogtailError otherwise (a newer checkpoint truncated the topics
     meanwhile; starting again picks it up)."""
-    manifest, snapshot = load_checkpoint(store)  # 1.
+    newest = newest_checkpoint(store)  # 1.
+    if newest is None:
+        raise BootstrapError(
+            "the object store holds no checkpoint to start from (the TN writes one every "
+            "checkpoint interval; `kwal checkpoint list` shows them)"
+        )
+    manifest, snapshot = newest
     t1 = snapshot.ts
     alive = snapshot.tables_alive(table_topics)
     prog = Progress(
@@ -116,25 +123,6 @@ def bootstrap_output(
         ", ".join(f"{n} {prog.tables[n].change_rows} rows" for n in alive) or "no table alive",
     )
     return prog
-
-
-def load_checkpoint(store: ObjectStore) -> tuple[Manifest, CatalogSnapshot]:
-    """Step 1: the newest manifest and its catalog snapshot."""
-    try:
-        manifest = newest_manifest(store)
-        if manifest is None:
-            raise BootstrapError(
-                "the object store holds no checkpoint to start from (the TN writes one every "
-                "checkpoint interval; `kwal checkpoint list` shows them)"
-            )
-        snapshot = CatalogSnapshot.decode(store.get(manifest.catalog))
-    except BootstrapError:
-        raise
-    except Exception as e:
-        raise BootstrapError(
-            f"cannot read the newest checkpoint from the object store: {type(e).__name__}: {e}"
-        ) from e
-    return manifest, snapshot
 
 
 def block_alive_at(block: BlockEntry, ts: int) -> bool:

@@ -211,7 +211,7 @@ class BatchWriter:
         tables: dict[str, str],
         compact_interval_s: float = 10.0,
         hints: dict[str, list[TableSchema]] | None = None,
-        decoded: str | None = None,
+        decoded: DecodePlan | None = None,
     ) -> None:
         self.output = str(output)
         self.compact_interval_s = compact_interval_s
@@ -258,17 +258,17 @@ class BatchWriter:
             tables[tp.index] = union_columns(schemas) if schemas else None
         return DecodePlan(self._topics(prog), tables, prog.horizon)
 
-    def source_plan(self) -> str:
-        """The plan for a source that decodes (`DecodePlan.to_json`), as the next batch would
-        use it."""
-        return self._plan(self._fresh_progress()).to_json()
+    def source_plan(self) -> DecodePlan:
+        """The plan for a source that decodes (its `decode` option is `to_json()`), as the
+        next batch would use it."""
+        return self._plan(self._fresh_progress())
 
     def _pass(self, df: Any, bdir: Path, prog: Progress) -> None:
         """Decode every record of the batch (one pass, on the executors) into the change log
         `_changes/batch=<id>/__table=<index>/`, replacing what a failed attempt left. Records
         the plan cannot decode are kept whole (R, K): see `decode_all`."""
         if self.decoded is not None:
-            source, topics = DecodePlan.from_json(self.decoded), self._topics(prog)
+            source, topics = self.decoded, self._topics(prog)
             if (source.topics, source.horizon) != (topics, prog.horizon):
                 raise RuntimeError(
                     f"the source decodes with table numbers {source.topics} and horizon "
@@ -739,7 +739,7 @@ def start_query(
     hints = catalog_hints(bootstrap, catalog_topic, list(table_topics), options)
     writer = BatchWriter(output, catalog_topic, table_topics, compact_interval_s, hints)
     plan = writer.source_plan()
-    df = kafka_stream(spark, bootstrap, topics, decode=plan, **options)
+    df = kafka_stream(spark, bootstrap, topics, decode=plan.to_json(), **options)
     writer.decoded = plan if TABLE in df.columns else None  # the built-in source does not decode
     ckpt = str(checkpoint or Path(output) / "_checkpoint")
     w = df.writeStream.foreachBatch(writer).option("checkpointLocation", ckpt).queryName(

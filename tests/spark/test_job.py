@@ -232,6 +232,7 @@ def _decoded_by_the_source(
 
     from consumers.spark.source import register
 
+    assert writer.decoded is not None
     topics = sorted({*writer.tables.values(), writer.catalog_topic})
     start, end = {}, {}
     for t in topics:
@@ -246,7 +247,7 @@ def _decoded_by_the_source(
         .option("topics", ",".join(topics))
         .option("startingOffsets", json.dumps(start))
         .option("endingOffsets", json.dumps(end))
-        .option("decode", writer.decoded)
+        .option("decode", writer.decoded.to_json())
         .load()
     )
 
