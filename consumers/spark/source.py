@@ -48,7 +48,7 @@ import logging
 import os
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 from pyspark.sql.datasource import (
@@ -74,7 +74,6 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from consumers.spark.decode import DecodePlan, decode_all, wide_ddl
 from consumers.spark.kafka_io import EndFinder, KafkaSourceError, read_range
 from consumers.spark.offsets import (
     OffsetRange,
@@ -87,6 +86,14 @@ from consumers.spark.offsets import (
     split_ranges,
     to_offset_dict,
 )
+
+if TYPE_CHECKING:
+    from consumers.spark.decode import DecodePlan
+
+# `consumers.spark.decode` (pyarrow.compute, the Avro codecs) is imported only where records
+# are decoded or the decoded schema is built. Spark starts the stream reader's offset
+# planning in a fresh Python process for every query (`python_streaming_source_runner`),
+# which never decodes: importing it there cost 0.16-0.25 s of each query's start.
 
 log = logging.getLogger(__name__)
 
@@ -152,18 +159,22 @@ class SourceOptions:
             probe_timeout_s=_positive_int(opts.get("probetimeoutms", "1000"), "probeTimeoutMs")
             / 1000.0,
             fail_on_data_loss=opts.get("failondataloss", "true").lower() != "false",
-            decode=_checked_plan(opts.get("decode")),
+            decode=opts.get("decode"),
         )
 
 
-def _checked_plan(text: str | None) -> str | None:
+def decode_plan(text: str | None) -> DecodePlan | None:
+    """The `decode` option's plan. Checked where it is used (the schema, on the driver when
+    the DataFrame is loaded; the reads, on the executors), not by `SourceOptions.parse`:
+    see the note on imports above."""
     if text is None:
         return None
+    from consumers.spark.decode import DecodePlan
+
     try:
-        DecodePlan.from_json(text)
+        return DecodePlan.from_json(text)
     except (ValueError, KeyError, TypeError) as e:
         raise KafkaSourceError(f"{SOURCE_NAME}: the 'decode' option is not a decoding plan: {e}") from e
-    return text
 
 
 def _positive_int(text: str, name: str) -> int:
@@ -233,9 +244,12 @@ class _ReaderBase:
             self.options.poll_timeout_s,
             fail_on_data_loss=self.options.fail_on_data_loss,
         )
-        if self.options.decode is None:
+        plan = decode_plan(self.options.decode)
+        if plan is None:
             return records
-        return decode_all(records, DecodePlan.from_json(self.options.decode))
+        from consumers.spark.decode import decode_all
+
+        return decode_all(records, plan)
 
 
 class KwalKafkaStreamReader(_ReaderBase, DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -346,8 +360,12 @@ class KwalKafkaDataSource(DataSource):
         return SOURCE_NAME
 
     def schema(self) -> StructType | str:
-        plan = self.options.get("decode")
-        return wide_ddl(DecodePlan.from_json(plan).tables) if plan else SOURCE_SCHEMA
+        plan = decode_plan(self.options.get("decode"))
+        if plan is None:
+            return SOURCE_SCHEMA
+        from consumers.spark.decode import wide_ddl
+
+        return wide_ddl(plan.tables)
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         return KwalKafkaStreamReader(SourceOptions.parse(self.options, streaming=True), schema)

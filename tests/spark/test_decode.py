@@ -4,6 +4,8 @@ pure pyarrow, no Spark, no broker."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pyarrow as pa
 import pytest
@@ -26,7 +28,7 @@ from consumers.spark.decode import (
 from consumers.spark.job import _decodable
 from consumers.spark.kafka_io import KafkaSourceError
 from consumers.spark.progress import Incarnation, TableProgress
-from consumers.spark.source import SourceOptions
+from consumers.spark.source import KwalKafkaDataSource, SourceOptions, decode_plan
 from schemas.arrow_ipc import table_to_ipc
 from schemas.logtail import COMMIT_TS, ROW_ID, Changes, Heartbeat, LogtailRecord, encode_logtail
 from schemas.wal import ColumnDef, ColumnType, TableSchema
@@ -99,9 +101,31 @@ def test_a_decoding_plan_round_trips_and_the_source_refuses_a_bad_one() -> None:
     decode = DecodePlan(topics, plan, horizon=7)
     assert DecodePlan.from_json(decode.to_json()) == decode
     opts = {"bootstrap": "127.0.0.1:9", "topics": "t", "decode": decode.to_json()}
-    assert SourceOptions.parse(opts, streaming=True).decode == opts["decode"]
+    assert decode_plan(SourceOptions.parse(opts, streaming=True).decode) == decode
+    bad = {**opts, "decode": '{"plan": {}}'}
     with pytest.raises(KafkaSourceError, match="'decode' option is not a decoding plan"):
-        SourceOptions.parse({**opts, "decode": '{"plan": {}}'}, streaming=True)
+        KwalKafkaDataSource(bad).schema()  # on the driver, when the DataFrame is loaded
+    with pytest.raises(KafkaSourceError, match="'decode' option is not a decoding plan"):
+        decode_plan(SourceOptions.parse(bad, streaming=False).decode)  # by each read
+
+
+def test_the_stream_readers_offset_planning_does_not_import_the_decoder() -> None:
+    """Spark runs a stream reader's offset planning in a Python process it starts for each
+    query: that process must not pay for importing the decoder (see `source`'s note)."""
+    decode = DecodePlan({"t": 0}, {0: list(V1.columns)})
+    script = (
+        "import sys\n"
+        "from consumers.spark.source import KwalKafkaDataSource, SOURCE_SCHEMA\n"
+        f"opts = {{'bootstrap': '127.0.0.1:9', 'topics': 't', 'decode': {decode.to_json()!r}}}\n"
+        "reader = KwalKafkaDataSource(opts).streamReader(SOURCE_SCHEMA)\n"
+        "reader.getDefaultReadLimit()\n"
+        "print(sorted(m for m in sys.modules if m.startswith(('consumers', 'schemas'))))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    loaded = done.stdout
+    assert "consumers.spark.source" in loaded
+    assert "consumers.spark.decode" not in loaded and "schemas.logtail" not in loaded, loaded
 
 
 def test_records_at_or_below_the_horizon_are_dropped_but_heartbeats() -> None:
