@@ -93,7 +93,8 @@ if TYPE_CHECKING:
 # `consumers.spark.decode` (pyarrow.compute, the Avro codecs) is imported only where records
 # are decoded or the decoded schema is built. Spark starts the stream reader's offset
 # planning in a fresh Python process for every query (`python_streaming_source_runner`),
-# which never decodes: importing it there cost 0.16-0.25 s of each query's start.
+# which never decodes. Measured: its imports took 0.62-0.74 s with the decoder and
+# 0.40-0.51 s without (three runs each; `-X importtime` put the decoder at 0.16 s).
 
 log = logging.getLogger(__name__)
 
