@@ -73,6 +73,10 @@ class BlockMeta:
     create_ts: int = 0
     delete_ts: int = 0
 
+    def alive_at(self, ts: int) -> bool:
+        """Whether the block's objects are part of its table at `ts`."""
+        return self.create_ts <= ts and not (self.delete_ts and self.delete_ts <= ts)
+
 
 @dataclass(frozen=True, slots=True)
 class Checkpoint:

@@ -17,8 +17,10 @@ versioned Avro envelope (`wal_entry.avsc`) and back. Timestamps are HLC values
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Any
 
 
 class CatalogKind(StrEnum):
@@ -64,6 +66,17 @@ class ColumnDef:
     name: str
     type: ColumnType
     nullable: bool = True
+
+
+def columns_out(columns: Iterable[ColumnDef]) -> list[list[Any]]:
+    """Columns as JSON rows `[column_id, name, type, nullable]`: the form checkpoints'
+    catalog snapshots, the Spark job's progress and its decoding plans share."""
+    return [[c.column_id, c.name, c.type.value, c.nullable] for c in columns]
+
+
+def columns_in(rows: Iterable[Sequence[Any]]) -> tuple[ColumnDef, ...]:
+    """`columns_out`'s inverse."""
+    return tuple(ColumnDef(int(i), str(n), ColumnType(t), bool(nl)) for i, n, t, nl in rows)
 
 
 @dataclass(frozen=True, slots=True)

@@ -124,7 +124,7 @@ class TableState:
         deleted: dict[int, int] = {r: t for r, t in self.deletes.items() if t <= ts}
         for block in self.blocks.values():
             meta = block.meta
-            if meta.create_ts > ts or (meta.delete_ts and meta.delete_ts <= ts):
+            if not meta.alive_at(ts):
                 continue
             if block.rows is None:
                 block.rows = pq.read_table(io.BytesIO(load(meta.meta_loc)))

@@ -35,6 +35,7 @@ import shutil
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
@@ -44,18 +45,15 @@ from consumers.core.exceptions import BootstrapError, TruncatedLogtailError
 from consumers.spark.decode import (
     DELETE,
     INSERT,
-    LSN,
-    META,
-    OFFSET,
-    OP,
+    as_change_rows,
     block_meta_json,
     change_schema,
     union_columns,
 )
 from consumers.spark.progress import Incarnation, Progress, TableProgress, write_progress
 from infra.objectstore import ObjectStore
-from schemas.logtail import COMMIT_TS, ROW_ID
-from tn.checkpoint.manifest import BlockEntry, CatalogSnapshot, Manifest, schema_in
+from schemas.logtail import COMMIT_TS
+from tn.checkpoint.manifest import CatalogSnapshot, Manifest, schema_in
 
 log = logging.getLogger(__name__)
 
@@ -125,35 +123,13 @@ def bootstrap_output(
     return prog
 
 
-def block_alive_at(block: BlockEntry, ts: int) -> bool:
-    """Whether the block's objects are part of the table at `ts` (as `TableState.snapshot`)."""
-    return bool(block.meta_loc) and block.create_ts <= ts and not (
-        block.delete_ts and block.delete_ts <= ts
-    )
-
-
 def change_rows(objects: pa.Table, op: str, t1: int, target: pa.Schema) -> pa.Table:
     """An object's rows with commit ts <= t1 as change rows of `target` (`change_schema`):
     op `op`, LSN 0 and offset -1 (they come from no Kafka record), user columns projected
     (missing ones null: a block written before an ALTER TABLE)."""
     rows = objects.filter(pc.less_equal(objects.column(COMMIT_TS), t1))
     n = rows.num_rows
-    have = set(rows.column_names)
-    given = {
-        OP: pa.array([op] * n, pa.string()),
-        ROW_ID: rows.column(ROW_ID).cast(pa.int64()),
-        COMMIT_TS: rows.column(COMMIT_TS).cast(pa.int64()),
-        LSN: pa.array([0] * n, pa.int64()),
-        OFFSET: pa.array([-1] * n, pa.int64()),
-        META: pa.nulls(n, pa.string()),
-    }
-    cols = [
-        given[f.name] if f.name in given
-        else rows.column(f.name).cast(f.type) if f.name in have
-        else pa.nulls(n, f.type)
-        for f in target
-    ]
-    return pa.Table.from_arrays(cols, schema=target)
+    return as_change_rows(rows, op, np.zeros(n, np.int64), np.full(n, -1, np.int64), target)
 
 
 def write_table_rows(
@@ -169,9 +145,10 @@ def write_table_rows(
     out.mkdir(parents=True)
     written, metas = 0, {}
     for block in snapshot.blocks:
-        if block.table_id != entry["id"] or not block_alive_at(block, t1):
+        meta = block.block_meta()
+        if block.table_id != entry["id"] or not meta.meta_loc or not meta.alive_at(t1):
             continue
-        metas[str(block.id)] = block_meta_json(block.block_meta())
+        metas[str(block.id)] = block_meta_json(meta)
         for op, key in ((INSERT, block.meta_loc), (DELETE, block.delta_loc)):
             if not key:
                 continue

@@ -43,7 +43,7 @@ from schemas.logtail import (
     LogtailRecord,
     decode_logtail,
 )
-from schemas.wal import ColumnDef, ColumnType, TableSchema
+from schemas.wal import ColumnDef, ColumnType, TableSchema, columns_in, columns_out
 
 OP, LSN, OFFSET, META = "__op", "__lsn", "__offset", "__meta"
 INSERT, DELETE, HEARTBEAT, BLOCK, CHECKPOINT = "I", "D", "H", "B", "C"
@@ -92,6 +92,25 @@ def _project(table: pa.Table, target: pa.Schema, n: int) -> list[pa.Array]:
         else:
             out.append(pa.nulls(n, f.type))
     return out
+
+
+def as_change_rows(
+    rows: pa.Table, op: str, lsns: np.ndarray, offsets: np.ndarray, target: pa.Schema
+) -> pa.Table:
+    """`rows` (`__row_id`, `__commit_ts`, user columns) as change rows of `target`
+    (`change_schema`): op `op`, each row's LSN and Kafka offset, no meta, user columns
+    projected."""
+    n = rows.num_rows
+    cols: list[pa.Array] = [
+        pa.array(np.full(n, op, dtype=object), pa.string()),
+        rows.column(ROW_ID).cast(pa.int64()).combine_chunks(),
+        rows.column(COMMIT_TS).cast(pa.int64()).combine_chunks(),
+        pa.array(lsns, pa.int64()),
+        pa.array(offsets, pa.int64()),
+        pa.nulls(n, pa.string()),
+        *_project(rows, target, n),
+    ]
+    return pa.Table.from_arrays(cols, schema=target)
 
 
 class ChangeBuilder:
@@ -148,20 +167,10 @@ class ChangeBuilder:
         first = tables[0].schema
         same = all(t.schema.equals(first) for t in tables)
         merged = pa.concat_tables(tables, promote_options="none" if same else "permissive")
-        n = merged.num_rows
         counts = np.fromiter((w[0] for w in self.where[op]), np.int64, len(tables))
         lsns = np.repeat(np.fromiter((w[1] for w in self.where[op]), np.int64, len(tables)), counts)
         offs = np.repeat(np.fromiter((w[2] for w in self.where[op]), np.int64, len(tables)), counts)
-        cols: list[pa.Array] = [
-            pa.array(np.full(n, op, dtype=object), pa.string()),
-            merged.column(ROW_ID).cast(pa.int64()).combine_chunks(),
-            merged.column(COMMIT_TS).cast(pa.int64()).combine_chunks(),
-            pa.array(lsns, pa.int64()),
-            pa.array(offs, pa.int64()),
-            pa.nulls(n, pa.string()),
-            *_project(merged, self.target, n),
-        ]
-        return pa.Table.from_arrays(cols, schema=self.target)
+        return as_change_rows(merged, op, lsns, offs, self.target)
 
     def flush(self) -> pa.RecordBatch | None:
         if self.rows == 0:
@@ -304,7 +313,7 @@ class DecodePlan:
                 "plan": {
                     str(i): None
                     if cols is None
-                    else [[c.column_id, c.name, c.type.value, c.nullable] for c in cols]
+                    else columns_out(cols)
                     for i, cols in self.tables.items()
                 },
                 "horizon": self.horizon,
@@ -317,11 +326,7 @@ class DecodePlan:
         d = json.loads(text)
         tables: dict[int, list[ColumnDef] | None] = {}
         for index, cols in d["plan"].items():
-            tables[int(index)] = (
-                None
-                if cols is None
-                else [ColumnDef(int(i), n, ColumnType(t), bool(nl)) for i, n, t, nl in cols]
-            )
+            tables[int(index)] = None if cols is None else list(columns_in(cols))
         topics = {str(t): int(i) for t, i in d["topics"].items()}
         return cls(topics, tables, int(d.get("horizon", 0)))
 

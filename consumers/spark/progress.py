@@ -21,23 +21,11 @@ from typing import Any
 from consumers.core.exceptions import NotSubscribedError
 from consumers.spark.decode import union_columns
 from schemas.logtail import Catalog, CatalogOp, LogtailRecord
-from schemas.wal import ColumnDef, ColumnType, TableSchema
+from schemas.wal import ColumnDef, TableSchema
+from tn.checkpoint.manifest import schema_in, schema_out
 
 PROGRESS = "_progress"
 KEEP_PROGRESS = 20
-
-
-def _schema_json(s: TableSchema) -> dict[str, Any]:
-    return {
-        "primary_key": s.primary_key,
-        "version": s.version,
-        "columns": [[c.column_id, c.name, c.type.value, c.nullable] for c in s.columns],
-    }
-
-
-def _schema_from(d: dict[str, Any]) -> TableSchema:
-    cols = tuple(ColumnDef(int(i), n, ColumnType(t), bool(nl)) for i, n, t, nl in d["columns"])
-    return TableSchema(cols, d["primary_key"], int(d["version"]))
 
 
 @dataclass
@@ -64,7 +52,7 @@ class Incarnation:
             "create_ts": self.create_ts,
             "table_id": self.table_id,
             "drop_ts": self.drop_ts,
-            "schemas": [[ts, _schema_json(s)] for ts, s in self.schemas],
+            "schemas": [[ts, schema_out(s)] for ts, s in self.schemas],
         }
 
     @classmethod
@@ -73,7 +61,7 @@ class Incarnation:
             int(d["create_ts"]),
             int(d["table_id"]),
             int(d["drop_ts"]),
-            [(int(ts), _schema_from(s)) for ts, s in d["schemas"]],
+            [(int(ts), schema_in(s)) for ts, s in d["schemas"]],
         )
 
 

@@ -24,7 +24,7 @@ from typing import Any
 
 from infra.objectstore import ObjectStore
 from schemas.logtail import BlockMeta
-from schemas.wal import ColumnDef, ColumnType, TableSchema
+from schemas.wal import TableSchema, columns_in, columns_out
 
 VERSION = 1
 MANIFESTS = "checkpoints/manifests/"
@@ -127,15 +127,14 @@ class Manifest:
 
 def schema_out(s: TableSchema) -> dict[str, Any]:
     return {
-        "columns": [[c.column_id, c.name, c.type.value, c.nullable] for c in s.columns],
+        "columns": columns_out(s.columns),
         "primary_key": s.primary_key,
         "version": s.version,
     }
 
 
 def schema_in(d: dict[str, Any]) -> TableSchema:
-    cols = tuple(ColumnDef(int(c[0]), c[1], ColumnType(c[2]), bool(c[3])) for c in d["columns"])
-    return TableSchema(cols, d["primary_key"], int(d["version"]))
+    return TableSchema(columns_in(d["columns"]), d["primary_key"], int(d["version"]))
 
 
 def list_manifests(store: ObjectStore) -> list[Manifest]:
