@@ -98,7 +98,9 @@ small column set per table; compaction shuffles one table's state). Cluster: dri
 executors 4-8g with 2-4 cores each, `spark.sql.shuffle.partitions` about 2x the cores,
 `spark.executor.memoryOverhead` >= 1g (Python workers decode Arrow outside the JVM heap),
 `maxRecordsPerTrigger` sized so one task's records (`maxRecordsPerPartition`, default
-50,000 per Spark partition) decode comfortably in a Python worker, and an
+50,000 per Spark partition; a micro-batch is shared by at least `defaultParallelism` tasks
+once it has 1,000 records per task, and small topics share a task) decode comfortably in a
+Python worker, and an
 output path on a filesystem every node and the driver share (the driver writes progress
 files and reads each batch's change-log files with plain file I/O: a local path, NFS or a
 FUSE mount; not s3a:// yet).
@@ -695,6 +697,7 @@ def start_query(
     options: dict[str, Any] = {
         "startingOffsets": "earliest",
         "maxRecordsPerPartition": 50000,
+        "minPartitions": _parallelism(spark),
         "kafka.fetch.wait.max.ms": 50,
     }
     if max_records_per_trigger:
@@ -750,6 +753,16 @@ def start_query(
     else:
         w = w.trigger(processingTime=_interval(trigger))
     return w.start()
+
+
+def _parallelism(spark: Any) -> int:
+    """The cores the session's tasks may use (`defaultParallelism`): a micro-batch's records
+    are shared by that many tasks when there are enough (`minPartitions`); 1 where the
+    session has no SparkContext (Spark Connect)."""
+    try:
+        return max(1, int(spark.sparkContext.defaultParallelism))
+    except Exception:
+        return 1
 
 
 def low_watermarks(bootstrap: str, topics: Sequence[str], options: dict[str, Any]) -> dict[str, int]:

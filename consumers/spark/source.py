@@ -18,7 +18,8 @@ Options (names are case-insensitive):
 | `startingOffsets` | stream `latest`, batch `earliest` | `earliest`, `latest` or JSON `{"t": {"0": 23, "1": -2}}` (-2 earliest, -1 latest) |
 | `endingOffsets` | `latest` | batch reads only; same forms |
 | `maxRecordsPerTrigger` | none | at most this many records per micro-batch (alias `maxOffsetsPerTrigger`) |
-| `maxRecordsPerPartition` | 200000 | split an offset range into Spark partitions of at most this many offsets |
+| `maxRecordsPerPartition` | 200000 | at most this many offsets in one Spark partition (one task) |
+| `minPartitions` | 1 | at least this many Spark partitions (the cores to use) while each gets 1,000 offsets or more |
 | `pollTimeoutMs` | 10000 | bound of every wait: metadata, watermarks, and "no progress" while reading a range |
 | `probeTimeoutMs` | 1000 | bound of one micro-batch's search for the real end of partitions (see `kafka_io`) |
 | `failOnDataLoss` | true | fail when records of a planned range were deleted; false skips them |
@@ -44,6 +45,7 @@ before the session starts (`consumers.spark.session.worker_python_env()` does so
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 from collections.abc import Iterator, Mapping, Sequence
@@ -83,7 +85,7 @@ from consumers.spark.offsets import (
     from_offset_dict,
     parse_offset_spec,
     parse_topics,
-    split_ranges,
+    plan_partitions,
     to_offset_dict,
 )
 
@@ -126,6 +128,7 @@ class SourceOptions:
     ending: OffsetSpec
     max_records_per_trigger: int | None
     max_records_per_partition: int
+    min_partitions: int
     poll_timeout_s: float
     probe_timeout_s: float
     fail_on_data_loss: bool
@@ -155,6 +158,7 @@ class SourceOptions:
             max_records_per_partition=_positive_int(
                 opts.get("maxrecordsperpartition", "200000"), "maxRecordsPerPartition"
             ),
+            min_partitions=_positive_int(opts.get("minpartitions", "1"), "minPartitions"),
             poll_timeout_s=_positive_int(opts.get("polltimeoutms", "10000"), "pollTimeoutMs")
             / 1000.0,
             probe_timeout_s=_positive_int(opts.get("probetimeoutms", "1000"), "probeTimeoutMs")
@@ -189,11 +193,11 @@ def _positive_int(text: str, name: str) -> int:
 
 
 class KafkaInputPartition(InputPartition):
-    """One offset range of one topic-partition: one Spark task."""
+    """The offset ranges one Spark task reads, one after the other (`plan_partitions`)."""
 
-    def __init__(self, rng: OffsetRange) -> None:
-        super().__init__(rng)
-        self.rng = rng
+    def __init__(self, ranges: Sequence[OffsetRange]) -> None:
+        super().__init__(tuple(ranges))
+        self.ranges = tuple(ranges)
 
 
 class _ReaderBase:
@@ -229,8 +233,10 @@ class _ReaderBase:
         self, start: Mapping[TopicPartitionKey, int], end: Mapping[TopicPartitionKey, int]
     ) -> list[KafkaInputPartition]:
         return [
-            KafkaInputPartition(r)
-            for r in split_ranges(start, end, self.options.max_records_per_partition)
+            KafkaInputPartition(piece)
+            for piece in plan_partitions(
+                start, end, self.options.max_records_per_partition, self.options.min_partitions
+            )
         ]
 
     def _read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
@@ -238,12 +244,19 @@ class _ReaderBase:
 
         if not isinstance(partition, KafkaInputPartition):
             raise KafkaSourceError(f"unexpected partition {partition!r}")
-        records = read_range(
-            self.options.kafka,
-            partition.rng,
-            to_arrow_schema(SOURCE_SCHEMA, timezone="UTC"),
-            self.options.poll_timeout_s,
-            fail_on_data_loss=self.options.fail_on_data_loss,
+        schema = to_arrow_schema(SOURCE_SCHEMA, timezone="UTC")
+        # A consumer per range: one consumer assigned to the next range after reading a
+        # partition to its end waited ~1 s for its first records on the embedded broker
+        # (3 of 4 tries; its fetch at the end was still outstanding), a new one ~5 ms.
+        records = itertools.chain.from_iterable(
+            read_range(
+                self.options.kafka,
+                rng,
+                schema,
+                self.options.poll_timeout_s,
+                fail_on_data_loss=self.options.fail_on_data_loss,
+            )
+            for rng in partition.ranges
         )
         plan = decode_plan(self.options.decode)
         if plan is None:
@@ -254,15 +267,30 @@ class _ReaderBase:
 
 
 class KwalKafkaStreamReader(_ReaderBase, DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Spark calls the offset methods of one instance, for the query's life, in its offset
+    planning process; `read` runs on pickled copies on the executors."""
+
     def __init__(self, options: SourceOptions, schema: StructType) -> None:
         super().__init__(options, schema)
         self._target: dict[TopicPartitionKey, int] | None = None
         self._last_available: dict[TopicPartitionKey, int] | None = None
+        # what prepareForTriggerAvailableNow saw (partitions, watermarks), for initialOffset
+        self._seen: tuple[list[TopicPartitionKey], dict[TopicPartitionKey, tuple[int, int]]] | None = None
+        self._initial: dict | None = None
 
     def initialOffset(self) -> dict:
+        """The query's first start offsets, computed once: Spark asks twice before the first
+        micro-batch (~50 ms of Kafka calls each on the embedded broker), and an answer
+        that changed in between (`latest`) would not be the one it logged. An available-now
+        query found the partitions and watermarks just before: they are used."""
+        if self._initial is not None:
+            return self._initial
         finder = self._end_finder()
-        keys = finder.partitions(self.options.topics)
-        wm = finder.watermarks(keys)
+        if self._seen is not None:
+            keys, wm = self._seen
+        else:
+            keys = finder.partitions(self.options.topics)
+            wm = finder.watermarks(keys)
         needs_end = any(
             self.options.starting.explicit.get(k, self.options.starting.default) == -1 for k in keys
         )
@@ -272,7 +300,8 @@ class KwalKafkaStreamReader(_ReaderBase, DataSourceStreamReader, SupportsTrigger
             else {k: h for k, (_l, h) in wm.items()}
         )
         start = {k: self.options.starting.resolve(k, wm[k][0], ends[k]) for k in keys}
-        return to_offset_dict(start)
+        self._initial = to_offset_dict(start)
+        return self._initial
 
     def getDefaultReadLimit(self) -> ReadLimit:
         n = self.options.max_records_per_trigger
@@ -281,26 +310,32 @@ class KwalKafkaStreamReader(_ReaderBase, DataSourceStreamReader, SupportsTrigger
     def prepareForTriggerAvailableNow(self) -> None:
         finder = self._end_finder()
         keys = finder.partitions(self.options.topics)
+        wm = finder.watermarks(keys)
+        self._seen = (keys, wm)
         # the target is the end of what exists now: take the time to find it exactly
-        self._target = finder.ends(keys, probe_s=self.options.poll_timeout_s)
+        self._target = finder.ends(keys, wm, probe_s=self.options.poll_timeout_s)
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
-        finder = self._end_finder()
         begin = from_offset_dict(start)
-        keys = sorted(set(finder.partitions(self.options.topics)) | set(begin))
-        live = [k for k in keys if k[0] in self.options.topics]
-        wm = finder.watermarks(live)
         max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
-        lower = finder.lower_bounds(wm)
-        if max_rows is not None and _backlog(begin, lower) >= max_rows:
-            available = lower  # enough known records: no need to find the real end
+        if self._target is not None:
+            # available-now: up to the ends found when the run began, whose records exist
+            # (a deleted one fails the read: failOnDataLoss). No Kafka call (~50-100 ms).
+            keys = sorted(set(self._target) | set(begin))
+            available = dict(self._target)
         else:
-            available = finder.ends(live, wm)
+            finder = self._end_finder()
+            keys = sorted(set(finder.partitions(self.options.topics)) | set(begin))
+            live = [k for k in keys if k[0] in self.options.topics]
+            wm = finder.watermarks(live)
+            lower = finder.lower_bounds(wm)
+            if max_rows is not None and _backlog(begin, lower) >= max_rows:
+                available = lower  # enough known records: no need to find the real end
+            else:
+                available = finder.ends(live, wm)
         for k in keys:
             have = begin.get(k, 0)
             value = available.get(k, have)
-            if self._target is not None:
-                value = min(value, self._target.get(k, have))
             available[k] = max(value, have) if k in begin else max(value, 0)
         self._last_available = dict(available)
         return to_offset_dict(cap_by_limit(begin, available, max_rows))

@@ -69,6 +69,34 @@ def test_read_range_exact_and_bounded(kafka_bootstrap: str) -> None:
     assert time.monotonic() - t0 < 5
 
 
+def test_a_spark_partition_reads_its_ranges_in_turn(kafka_bootstrap: str) -> None:
+    """A task's ranges (`plan_partitions`) are read one after the other, each exactly."""
+    from consumers.spark.source import KafkaInputPartition, KwalKafkaBatchReader, SourceOptions
+
+    a, b = unique("src-ranges-a-"), unique("src-ranges-b-")
+    create_topic(kafka_bootstrap, a, 2)
+    create_topic(kafka_bootstrap, b, 1)
+    produce(kafka_bootstrap, a, 2, 0, 200, batches=2)  # 100 per partition
+    produce(kafka_bootstrap, b, 1, 0, 50, batches=2)
+    ranges = [
+        OffsetRange(a, 0, 0, 30),  # the partition has 70 more records past this range
+        OffsetRange(a, 1, 60, 100),
+        OffsetRange(b, 0, 10, 50),
+    ]
+    opts = SourceOptions.parse({"bootstrap": kafka_bootstrap, "topics": f"{a},{b}"}, False)
+    reader = KwalKafkaBatchReader(opts, SOURCE_SCHEMA)
+    table = pa.Table.from_batches(list(reader.read(KafkaInputPartition(ranges))))
+    got = list(
+        zip(
+            table.column("topic").to_pylist(),
+            table.column("partition").to_pylist(),
+            table.column("offset").to_pylist(),
+            strict=True,
+        )
+    )
+    assert got == [(r.topic, r.partition, o) for r in ranges for o in range(r.start, r.end)]
+
+
 def test_stream_reader_pickles_without_kafka_clients(kafka_bootstrap: str) -> None:
     import pickle
 
@@ -84,3 +112,42 @@ def test_stream_reader_pickles_without_kafka_clients(kafka_bootstrap: str) -> No
     assert copy._finder is None and copy.options == opts
     reader.stop()
     assert reader._finder is None
+
+
+def test_available_now_reads_up_to_the_ends_found_when_it_began(kafka_bootstrap: str) -> None:
+    """The stream reader's offset planning as Spark drives an availableNow query: records
+    written after `prepareForTriggerAvailableNow` are left for a later run, and the start
+    offsets Spark asks for twice are one answer."""
+    from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
+
+    from consumers.spark.source import KwalKafkaStreamReader, SourceOptions
+
+    topic = unique("src-target-")
+    create_topic(kafka_bootstrap, topic, 2)
+    produce(kafka_bootstrap, topic, 2, 0, 100, batches=2)  # 50 per partition
+    opts = SourceOptions.parse(
+        {"bootstrap": kafka_bootstrap, "topics": topic, "startingOffsets": "latest"}, True
+    )
+    reader = KwalKafkaStreamReader(opts, SOURCE_SCHEMA)
+    try:
+        reader.prepareForTriggerAvailableNow()
+        produce(kafka_bootstrap, topic, 2, 100, 40)  # after the run began
+        start = reader.initialOffset()
+        assert start == {topic: {"0": 50, "1": 50}}  # latest, as it was when the run began
+        assert reader.initialOffset() == start
+        assert reader.latestOffset(start, ReadAllAvailable()) == start  # nothing before the target
+
+        opts = SourceOptions.parse(
+            {"bootstrap": kafka_bootstrap, "topics": topic, "startingOffsets": "earliest"}, True
+        )
+        early = KwalKafkaStreamReader(opts, SOURCE_SCHEMA)
+        early.prepareForTriggerAvailableNow()
+        produce(kafka_bootstrap, topic, 2, 140, 20)
+        begin = early.initialOffset()
+        assert begin == {topic: {"0": 0, "1": 0}}
+        first = early.latestOffset(begin, ReadMaxRows(30))
+        assert sum(first[topic].values()) == 30
+        assert early.latestOffset(first, ReadAllAvailable()) == {topic: {"0": 70, "1": 70}}
+        early.stop()
+    finally:
+        reader.stop()
