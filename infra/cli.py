@@ -71,6 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
     bspark.add_argument("--rows", type=int, default=200_000)
     bspark.add_argument("--rows-per-txn", type=int, default=10)
     bspark.add_argument("--latency-samples", type=int, default=8)
+    bspark.add_argument("--warmups", type=int, default=None,
+                        help="warm-up queries before the measured one (default 8)")
 
     ckpt = sub.add_parser("checkpoint", help="checkpoints").add_subparsers(dest="ckpt_command", required=True)
     now = _command(ckpt, "now", "tn.checkpoint.commands:run_now", "take a checkpoint now (TN stopped)")

@@ -46,6 +46,18 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
+def process_cpu_s(pid: int) -> float | None:
+    """CPU seconds (user + system, every thread) process `pid` has used so far; None where
+    /proc does not tell (not Linux, or the process is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    # after the ")" closing the command name: state is field 0, utime 11, stime 12
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def log_tail(path: Path, lines: int = 20) -> str:
     try:
         text = path.read_text(errors="replace")
@@ -71,13 +83,7 @@ class ServerProcess:
         """CPU seconds (user + system) the process has used so far; None where /proc
         does not tell (not Linux, or the process is gone). For benchmarks: a server
         started here shares the machine's cores with the client measured beside it."""
-        try:
-            with open(f"/proc/{self.pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            return None
-        # after the ")" closing the command name: state is field 0, utime 11, stime 12
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return process_cpu_s(self.pid)
 
     def stop(self, timeout_s: float = 10.0) -> None:
         """SIGTERM the process group, then SIGKILL after `timeout_s`."""

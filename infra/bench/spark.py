@@ -12,12 +12,13 @@ One JSON line (`infra.bench.report.emit`):
   rows_per_s / raw_rows_per_s (target >= 0.5; `rows_per_s` target >= 30,000);
 - `latency_p50_ms` / `latency_max_ms`: with a 1 s processing-time trigger, from a record's
   acknowledgement by Kafka to its commit being visible in the output (the job's progress
-  file shows the table's watermark at the record's ts), over `--latency-samples` records.
+  file shows the table's watermark at the record's ts), over `--latency-samples` records;
+- `jvm_cpu_s`: the JVM's CPU during the measured query (a local session), and `warmups`.
 
 Steps: (1) use the broker at `cfg.bootstrap`, or start the embedded one when nothing
 listens there (stopped at the end); (2) produce the records to a fresh table topic; (3)
-`WARMUP_QUERIES` warm-up queries doing the same work on another table (Python workers start,
-the JVM compiles its code); (4) raw; (5) Spark; (6) latency.
+`--warmups` (`WARMUP_QUERIES`) warm-up queries doing the same work on another table (Python
+workers start, the JVM compiles its code); (4) raw; (5) Spark; (6) latency.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from infra.bench.kafka import bench_kafka
 from infra.bench.report import emit, percentile, ratio
 from infra.config import KwalConfig
+from infra.processes import process_cpu_s
 from schemas.arrow_ipc import arrow_schema, table_to_ipc
 from schemas.logtail import (
     COMMIT_TS,
@@ -55,7 +57,13 @@ from schemas.logtail import (
 from schemas.wal import ColumnDef, ColumnType, TableSchema
 
 DB = "bench"
-WARMUP_QUERIES = 2  # until the JVM's CPU per query is steady (see `bench`)
+# Warm-up queries before the measured one, until the JVM's CPU per query is steady (a CN's
+# query runs for long: its JVM has compiled its code). Measured, twelve such queries of 200k
+# rows in a row on one session (JVM CPU by thread from /proc): the JVM spent 13.3 s on the
+# first, 2.1-2.7 s on the 2nd-4th, 1.5-1.6 s on the 5th-7th and 0.9-1.3 s on the 8th-12th;
+# its C2 compiler thread alone 5.5 s, then 0.65-1.24 s on the 2nd-7th and 0.16-0.52 s from
+# the 8th. The queries' wall times fell from 3.2-3.6 s (2nd-4th) to 2.2-2.6 s (6th-12th).
+WARMUP_QUERIES = 8
 SCHEMA = TableSchema(
     (
         ColumnDef(1, "id", ColumnType.INT64, False),
@@ -170,7 +178,7 @@ def raw_decode(cfg: KwalConfig, topic: str, records: int, timeout_s: float = 120
 
 
 def _run_available_now(
-    spark: Any, cfg: KwalConfig, table: str, out: Path, records: int, timeout_s: float = 600
+    spark: Any, cfg: KwalConfig, table: str, out: Path, timeout_s: float = 600
 ) -> tuple[float, list[dict[str, Any]]]:
     from consumers.spark.job import start_query
 
@@ -182,7 +190,6 @@ def _run_available_now(
         {f"{DB}.{table}": cfg.topics.logtail(DB, table)},
         out,
         trigger="available-now",
-        source_options={"maxRecordsPerPartition": max(1000, math.ceil(records / 2))},
     )
     try:
         if not q.awaitTermination(timeout_s):
@@ -247,7 +254,24 @@ def _latency(
     return lat
 
 
-def bench(spark: Any, cfg: KwalConfig, rows: int, rows_per_txn: int, samples: int) -> dict[str, Any]:
+def _jvm_pid(spark: Any) -> int | None:
+    """The pid of the session's JVM when this process launched it (a local session), else
+    None (spark-submit, Spark Connect)."""
+    try:
+        proc = spark.sparkContext._gateway.proc
+    except AttributeError:
+        return None
+    return int(proc.pid) if proc is not None else None
+
+
+def bench(
+    spark: Any,
+    cfg: KwalConfig,
+    rows: int,
+    rows_per_txn: int,
+    samples: int,
+    warmups: int = WARMUP_QUERIES,
+) -> dict[str, Any]:
     work = Path(tempfile.mkdtemp(prefix="kwal-bench-spark-"))
     table = f"t{uuid.uuid4().hex[:6]}"
     warm = f"w{uuid.uuid4().hex[:6]}"
@@ -268,26 +292,25 @@ def bench(spark: Any, cfg: KwalConfig, rows: int, rows_per_txn: int, samples: in
         out["produce_s"] = round(time.perf_counter() - t0, 3)
         records = txns + 1
 
-        # The warm-up queries run the same work on another table: a CN query runs for long,
-        # its JVM code compiled (JIT) by then. Measured (nine such queries in a row on one
-        # session): the JVM spent 16.7 s of CPU on the first, 3.6 s on the second and
-        # 1.5-2.5 s on each one after, whose wall times were 3.0-3.7 s against 4.3 s for
-        # the second: hence WARMUP_QUERIES, each a fresh query over the warm-up table.
+        # The warm-up queries do the same work on another table (see WARMUP_QUERIES).
         ww = _Writer(cfg, producer, warm)
         ww.create()
         for i in range(txns):
             ww.txn(min(rows_per_txn, rows - i * rows_per_txn))
         ww.flush()
-        for k in range(WARMUP_QUERIES):
-            _log(f"warm-up query {k + 1}/{WARMUP_QUERIES}")
-            _run_available_now(spark, cfg, warm, work / f"warm{k}", records)
+        for k in range(warmups):
+            _log(f"warm-up query {k + 1}/{warmups}")
+            _run_available_now(spark, cfg, warm, work / f"warm{k}")
 
         _log(f"raw: {records} records")
         raw_s, raw_rows = raw_decode(cfg, w.topic, records)
         if raw_rows != rows:
             raise RuntimeError(f"bench raw: decoded {raw_rows} rows, not {rows}")
         _log("spark")
-        spark_s, progress = _run_available_now(spark, cfg, table, work / "run", records)
+        jvm = _jvm_pid(spark)
+        jvm_before = process_cpu_s(jvm) if jvm else None
+        spark_s, progress = _run_available_now(spark, cfg, table, work / "run")
+        jvm_after = process_cpu_s(jvm) if jvm else None
         if os.environ.get("KWAL_SPARK_TIMINGS"):
             _log(f"spark {spark_s:.3f} s; micro-batches (ms): {progress}")
         from consumers.spark.job import read_state, watermark
@@ -307,6 +330,10 @@ def bench(spark: Any, cfg: KwalConfig, rows: int, rows_per_txn: int, samples: in
             spark_s=round(spark_s, 3),
             raw_s=round(raw_s, 3),
             batches=sum(1 for p in progress if p.get("rows")),
+            warmups=warmups,
+            jvm_cpu_s=round(jvm_after - jvm_before, 2)
+            if jvm_before is not None and jvm_after is not None
+            else None,
             watermark=watermark(work / "run", f"{DB}.{table}"),
         )
         if samples:
@@ -328,13 +355,15 @@ def run(args: Any, cfg: KwalConfig) -> int:
     rows_per_txn = int(getattr(args, "rows_per_txn", 0) or 10)
     samples = getattr(args, "latency_samples", None)
     samples = 8 if samples is None else int(samples)
+    warmups = getattr(args, "warmups", None)
+    warmups = WARMUP_QUERIES if warmups is None else int(warmups)
     from consumers.spark.session import build_session
 
     with bench_kafka(cfg, "spark") as (cfg, where, _broker):
         spark = build_session("kwal-bench-spark")
         spark.sparkContext.setLogLevel("ERROR")
         try:
-            result = bench(spark, cfg, rows, rows_per_txn, samples)
+            result = bench(spark, cfg, rows, rows_per_txn, samples, warmups)
             result["broker"] = where
         finally:
             spark.stop()
@@ -350,6 +379,7 @@ if __name__ == "__main__":
     ap.add_argument("--rows", type=int, default=200_000)
     ap.add_argument("--rows-per-txn", type=int, default=10)
     ap.add_argument("--latency-samples", type=int, default=8)
+    ap.add_argument("--warmups", type=int, default=WARMUP_QUERIES)
     a = ap.parse_args()
     c = KwalConfig.load()
     if a.bootstrap:

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.spark
 def test_bench_spark_prints_one_json_line_with_both_sides(
     spark: Any, kwal_config: KwalConfig, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    emit(bench(spark, kwal_config, rows=2000, rows_per_txn=10, samples=2))
+    emit(bench(spark, kwal_config, rows=2000, rows_per_txn=10, samples=2, warmups=1))
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 1
     result = json.loads(lines[0])
@@ -26,6 +26,8 @@ def test_bench_spark_prints_one_json_line_with_both_sides(
     assert result["rows_per_s"] > 0 and result["raw_rows_per_s"] > 0
     assert result["vs_raw"] == pytest.approx(result["rows_per_s"] / result["raw_rows_per_s"], abs=0.01)
     assert result["batches"] >= 1
+    assert result["warmups"] == 1
+    assert result["jvm_cpu_s"] is not None and result["jvm_cpu_s"] > 0  # the shared local JVM
     assert result["watermark"] > 0
     assert result["latency_samples"] == 2
     assert 0 < result["latency_p50_ms"] <= result["latency_max_ms"]
