@@ -11,6 +11,7 @@ Shared by the embedded broker and the loopback S3 server:
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -40,10 +41,40 @@ def child_env(cfg: KwalConfig, keep: Sequence[str] = ()) -> dict[str, str]:
     return env
 
 
+SERVER_PORTS_FROM = 20000
+
+
 def free_port(host: str = "127.0.0.1") -> int:
+    """A port free on `host` now, for a server started here: below the kernel's ephemeral
+    range where it can (`/proc/sys/net/ipv4/ip_local_port_range`; else any free port).
+
+    Why not any free port: a client left reconnecting to a server that was stopped (a
+    fault test's broker, a proxy) keeps knocking on that port. Listeners that bind port 0,
+    like Spark's callback for each Python worker it starts, take ports from the ephemeral
+    range; one that took such a port would be reached by the stray client. A Spark worker
+    start failed once in CI with "Authentication failed" from something connecting to
+    that callback; this is the suspected cause, not a confirmed one."""
+    low = _ephemeral_low()
+    if low - SERVER_PORTS_FROM >= 1000:
+        for _ in range(50):
+            port = random.randrange(SERVER_PORTS_FROM, low)
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                try:
+                    s.bind((host, port))
+                except OSError:
+                    continue  # in use (or in TIME_WAIT): another one
+                return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
+
+
+def _ephemeral_low() -> int:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0
 
 
 def process_cpu_s(pid: int) -> float | None:

@@ -68,6 +68,23 @@ def test_server_cpu_time_counts_its_work_and_is_none_once_gone(tmp_path: Path) -
     assert server.cpu_s() is None
 
 
+def test_server_ports_are_below_the_ephemeral_range() -> None:
+    """Servers started here never take a port the kernel hands out for bind(0) (see
+    `free_port`), and the port is free."""
+    import socket
+
+    from infra.processes import SERVER_PORTS_FROM, _ephemeral_low
+
+    low = _ephemeral_low()
+    if low - SERVER_PORTS_FROM < 1000:
+        pytest.skip(f"the ephemeral range starts at {low}: no room below it for servers")
+    for _ in range(20):
+        port = free_port()
+        assert SERVER_PORTS_FROM <= port < low
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("127.0.0.1", port))
+
+
 def test_broker_with_bad_storage_fails_clearly(tmp_path: Path) -> None:
     with pytest.raises(ServerStartError, match="broker"):
         start_broker(tmp_path, storage="nosuch://x/", timeout_s=10)
