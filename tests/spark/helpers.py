@@ -1,9 +1,25 @@
-"""Producing test records for the Spark source tests."""
+"""Producing test records for the Spark source tests; comparing a Spark CN's rows with a
+TN's."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
+
+if TYPE_CHECKING:
+    from tests.logtail.conftest import Tn
+
+
+def spark_rows(df: Any) -> list[dict[str, Any]]:
+    """A Spark CN read's rows as dicts, sorted by the tests' primary key `id`."""
+    return sorted(df.toArrow().to_pylist(), key=lambda r: r["id"])
+
+
+def tn_rows(tn: Tn, name: str, ts: int) -> list[dict[str, Any]]:
+    """The TN's rows of db.`name` as of `ts`, as `spark_rows` gives a CN's."""
+    return sorted(tn.engine.read("db", name, ts).to_pylist(), key=lambda r: r["id"])
 
 
 def create_topic(bootstrap: str, topic: str, partitions: int) -> None:

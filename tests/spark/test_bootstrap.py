@@ -19,6 +19,7 @@ from consumers.spark.progress import load_progress
 from infra.config import KwalConfig
 from infra.objectstore import FolderStore, ObjectStore
 from tests.logtail.conftest import COLUMNS, Tn, checkpoint_then_compact, random_steps, start_tn
+from tests.spark.helpers import spark_rows, tn_rows
 from tn.memtable.block import BLOCK_ROWS
 from tn.txn.transaction import Transaction
 
@@ -39,14 +40,6 @@ def _run(spark: Any, cfg: KwalConfig, output: Path, store: ObjectStore | None, m
         assert q.exception() is None, q.exception()
     finally:
         q.stop()
-
-
-def _rows(df: Any) -> list[dict[str, Any]]:
-    return sorted(df.toArrow().to_pylist(), key=lambda r: r["id"])
-
-
-def _tn_rows(tn: Tn, name: str, ts: int) -> list[dict[str, Any]]:
-    return sorted(tn.engine.read("db", name, ts).to_pylist(), key=lambda r: r["id"])
 
 
 @pytest.fixture
@@ -106,14 +99,14 @@ def test_a_job_started_after_checkpoints_starts_from_the_newest_and_agrees_with_
                     read_as_of(spark, output, f"db.{name}", ts)
                 below += 1
                 continue
-            expected = _tn_rows(tn, name, ts)
-            assert _rows(read_as_of(spark, output, f"db.{name}", ts)) == expected, (name, ts)
+            expected = tn_rows(tn, name, ts)
+            assert spark_rows(read_as_of(spark, output, f"db.{name}", ts)) == expected, (name, ts)
             checked += 1
     assert checked >= 10 and below >= 10
     for name in ("a", "b"):
-        got = _rows(read_state(spark, output, f"db.{name}"))
-        assert got == _tn_rows(tn, name, state_ts(output, f"db.{name}"))
-    assert len(_rows(read_state(spark, output, "db.a"))) > BLOCK_ROWS  # from the objects
+        got = spark_rows(read_state(spark, output, f"db.{name}"))
+        assert got == tn_rows(tn, name, state_ts(output, f"db.{name}"))
+    assert len(spark_rows(read_state(spark, output, "db.a"))) > BLOCK_ROWS  # from the objects
 
     # more work, the same job again: it resumes from Spark's checkpoint, no new bootstrap
     random_steps(tn, rng, 15, stamps)
@@ -124,8 +117,8 @@ def test_a_job_started_after_checkpoints_starts_from_the_newest_and_agrees_with_
     prog2 = load_progress(output)
     assert prog2 is not None and prog2.horizon == third.ts and prog2.batch_id > prog.batch_id
     for name in ("a", "b"):
-        expected = _tn_rows(tn, name, final2)
-        assert _rows(read_as_of(spark, output, f"db.{name}", final2)) == expected, name
+        expected = tn_rows(tn, name, final2)
+        assert spark_rows(read_as_of(spark, output, f"db.{name}", final2)) == expected, name
 
 
 def test_auto_starts_from_the_checkpoint_only_when_a_topic_was_truncated(
@@ -160,7 +153,7 @@ def test_auto_starts_from_the_checkpoint_only_when_a_topic_was_truncated(
         prog = load_progress(whole)
         assert prog is not None and prog.horizon == 0 and prog.start_offsets == {}
         early = stamps[0]
-        assert _rows(read_as_of(spark, whole, "db.a", early)) == _tn_rows(tn, "a", early)
+        assert spark_rows(read_as_of(spark, whole, "db.a", early)) == tn_rows(tn, "a", early)
 
         topic = cfg.topics.logtail("db", "a")
         real = EndFinder.watermarks
@@ -174,8 +167,8 @@ def test_auto_starts_from_the_checkpoint_only_when_a_topic_was_truncated(
         prog = load_progress(pulled)
         assert prog is not None and prog.horizon == ckpt.ts
         for name in ("a", "b"):
-            expected = _tn_rows(tn, name, final)
-            assert _rows(read_as_of(spark, pulled, f"db.{name}", final)) == expected, name
+            expected = tn_rows(tn, name, final)
+            assert spark_rows(read_as_of(spark, pulled, f"db.{name}", final)) == expected, name
         # a job started from a checkpoint has no rows of another table before it
         more = {t: cfg.topics.logtail(*t.split(".", 1)) for t in [*TABLES, "db.c"]}
         with pytest.raises(BootstrapError, match=r"db\.c: this job started from the checkpoint"):

@@ -17,19 +17,12 @@ from consumers.spark.job import read_as_of, read_state, start_query, state_ts, w
 from infra.config import KwalConfig
 from infra.objectstore import FolderStore
 from tests.logtail.conftest import Tn, random_steps, start_tn
+from tests.spark.helpers import spark_rows, tn_rows
 
 pytestmark = pytest.mark.spark
 
 TABLES = ["db.a", "db.b", "db.idle"]
 TIMEOUT_S = 180
-
-
-def _rows(df: Any) -> list[dict[str, Any]]:
-    return sorted(df.toArrow().to_pylist(), key=lambda r: r["id"])
-
-
-def _tn_rows(tn: Tn, name: str, ts: int) -> list[dict[str, Any]]:
-    return sorted(tn.engine.read("db", name, ts).to_pylist(), key=lambda r: r["id"])
 
 
 @pytest.fixture
@@ -67,13 +60,13 @@ def test_a_job_following_the_tn_from_the_first_records_equals_it_at_its_watermar
     for name in ("a", "b", "idle"):
         at = state_ts(output, f"db.{name}")
         assert at >= final
-        assert _rows(read_state(spark, output, f"db.{name}")) == _tn_rows(tn, name, at), name
-    assert _tn_rows(tn, "a", final)  # the comparison is not between two empty tables
+        assert spark_rows(read_state(spark, output, f"db.{name}")) == tn_rows(tn, name, at), name
+    assert tn_rows(tn, "a", final)  # the comparison is not between two empty tables
     checked = 0
     for ts in [*stamps[:: max(1, len(stamps) // 8)], mark]:
         for name in ("a", "b"):
-            expected = _tn_rows(tn, name, ts)
-            assert _rows(read_as_of(spark, output, f"db.{name}", ts)) == expected, (name, ts)
+            expected = tn_rows(tn, name, ts)
+            assert spark_rows(read_as_of(spark, output, f"db.{name}", ts)) == expected, (name, ts)
             checked += 1
     assert checked >= 16
     with pytest.raises(AboveWatermarkError):
