@@ -246,8 +246,8 @@ class _ReaderBase:
             raise KafkaSourceError(f"unexpected partition {partition!r}")
         schema = to_arrow_schema(SOURCE_SCHEMA, timezone="UTC")
         # A consumer per range: one consumer assigned to the next range after reading a
-        # partition to its end waited ~1 s for its first records on the embedded broker
-        # (3 of 4 tries; its fetch at the end was still outstanding), a new one ~5 ms.
+        # partition to its end got its first records 1 s later on the embedded broker (3
+        # of 4 tries; likely its fetch at that end still outstanding), a new one ~5 ms.
         records = itertools.chain.from_iterable(
             read_range(
                 self.options.kafka,
