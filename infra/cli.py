@@ -13,6 +13,7 @@ import importlib
 import sys
 from collections.abc import Sequence
 
+from consumers.spark.arguments import add_job_arguments
 from infra.config import ConfigError, KwalConfig
 from infra.stack import apply_stack
 
@@ -72,7 +73,8 @@ def build_parser() -> argparse.ArgumentParser:
     bspark.add_argument("--rows-per-txn", type=int, default=10)
     bspark.add_argument("--latency-samples", type=int, default=8)
     bspark.add_argument("--warmups", type=int, default=None,
-                        help="warm-up queries before the measured one (default 8)")
+                        help="warm-up queries before the measured one (default: until the "
+                        "JVM's CPU per query is steady, infra.bench.spark.WARMUP_QUERIES)")
 
     ckpt = sub.add_parser("checkpoint", help="checkpoints").add_subparsers(dest="ckpt_command", required=True)
     now = _command(ckpt, "now", "tn.checkpoint.commands:run_now", "take a checkpoint now (TN stopped)")
@@ -84,19 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
     _command(tn, "run", "tn.service.main:run", "run the TN: consume requests, commit, publish results")
     cn = sub.add_parser("cn", help="compute nodes").add_subparsers(dest="cn_command", required=True)
     cspark = _command(cn, "spark", "consumers.spark.job:run", "the Spark Structured Streaming CN")
-    cspark.add_argument("--tables", required=True, help="db.t1,db.t2")
-    cspark.add_argument("--output", required=True, help="where state, history and watermarks go")
-    cspark.add_argument("--trigger", default="1s", help="a processing-time interval, or available-now")
-    cspark.add_argument("--checkpoint", help="checkpointLocation (default OUTPUT/_checkpoint)")
-    cspark.add_argument("--max-records-per-trigger", type=int)
-    cspark.add_argument("--compact-interval", type=float, default=10.0)
-    cspark.add_argument("--timeout", type=float, default=0.0, help="stop after this long (0 = never)")
-    cspark.add_argument("--master", help="Spark master (default: local[2] unless submitted)")
-    cspark.add_argument(
-        "--from-checkpoint", default="auto", choices=["auto", "always", "never"],
-        help="how a new job starts: from the topics' first records, or from the newest "
-        "checkpoint in the object store (auto: only when a topic was truncated)",
-    )
+    add_job_arguments(cspark)
     tail = _command(cn, "tail", "consumers.core.commands:run_tail", "print a table's changes live")
     tail.add_argument("--table", required=True, help="db.table")
     tail.add_argument("--seconds", type=float, default=0, help="stop after this long (0 = never)")

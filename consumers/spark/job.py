@@ -129,6 +129,7 @@ from consumers.core.exceptions import (
     TableNotFoundError,
     TruncatedLogtailError,
 )
+from consumers.spark.arguments import FROM_CHECKPOINT, add_job_arguments
 from consumers.spark.bootstrap import bootstrap_output
 from consumers.spark.decode import (
     BLOCK,
@@ -661,9 +662,6 @@ def parse_tables(text: str | Sequence[str]) -> list[str]:
     return tables
 
 
-FROM_CHECKPOINT = ("auto", "always", "never")
-
-
 def start_query(
     spark: Any,
     bootstrap: str,
@@ -899,19 +897,9 @@ def main(argv: list[str] | None = None) -> int:
     from infra.config import KwalConfig
 
     ap = argparse.ArgumentParser(description="kwal Spark CN job")
-    ap.add_argument("--tables", required=True, help="db.t1,db.t2")
-    ap.add_argument("--output", required=True, help="output directory")
-    ap.add_argument("--bootstrap", default="", help="Kafka bootstrap servers")
+    add_job_arguments(ap)
+    ap.add_argument("--bootstrap", default="", help="Kafka bootstrap servers (default: config)")
     ap.add_argument("--topic-prefix", default="", help="kwal topic prefix (default: config)")
-    ap.add_argument("--trigger", default="1s", help="1s (processing time) or available-now")
-    ap.add_argument("--checkpoint", default=None, help="default: OUTPUT/_checkpoint")
-    ap.add_argument("--max-records-per-trigger", type=int, default=None)
-    ap.add_argument("--compact-interval", type=float, default=10.0,
-                    help="seconds between compactions of a table's state")
-    ap.add_argument("--timeout", type=float, default=0, help="stop after this many seconds")
-    ap.add_argument("--master", default=None, help="Spark master (default: spark-submit's)")
-    ap.add_argument("--from-checkpoint", default="auto", choices=list(FROM_CHECKPOINT),
-                    help="a new job: from the topics' first records or the newest checkpoint")
     args = ap.parse_args(argv)
     cfg = KwalConfig.load()
     if args.bootstrap:

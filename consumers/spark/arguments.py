@@ -1,0 +1,30 @@
+"""The Spark CN job's command-line arguments, declared once for `kwal cn spark` (infra.cli)
+and for `spark-submit consumers/spark/job.py` (`job.main`).
+
+Only argparse here: `kwal` builds its whole parser for every command, and importing the job
+itself would load pyarrow and PySpark for `kwal status` too.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+FROM_CHECKPOINT = ("auto", "always", "never")
+
+
+def add_job_arguments(parser: argparse.ArgumentParser) -> None:
+    """The arguments `consumers.spark.job.run` reads."""
+    parser.add_argument("--tables", required=True, help="db.t1,db.t2")
+    parser.add_argument("--output", required=True, help="where state, history and watermarks go")
+    parser.add_argument("--trigger", default="1s", help="a processing-time interval, or available-now")
+    parser.add_argument("--checkpoint", help="checkpointLocation (default OUTPUT/_checkpoint)")
+    parser.add_argument("--max-records-per-trigger", type=int)
+    parser.add_argument("--compact-interval", type=float, default=10.0,
+                        help="seconds between compactions of a table's state")
+    parser.add_argument("--timeout", type=float, default=0.0, help="stop after this long (0 = never)")
+    parser.add_argument("--master", help="Spark master (default: local[2] unless submitted)")
+    parser.add_argument(
+        "--from-checkpoint", default="auto", choices=list(FROM_CHECKPOINT),
+        help="how a new job starts: from the topics' first records, or from the newest "
+        "checkpoint in the object store (auto: only when a topic was truncated)",
+    )
