@@ -176,7 +176,13 @@ class CNCore:
         self.marks[key] = max(self.marks.get(key, 0), record.commit_ts)
 
     def _apply_catalog(self, record: LogtailRecord, body: Catalog) -> None:
-        self.catalog_watermark = max(self.catalog_watermark, record.commit_ts)
+        """A DDL record at ts C moves the catalog watermark to C - 1 only: the rest of its
+        transaction (more DDL at C, its rows on the table topics) may come in a later poll,
+        and a watermark of C would already claim them. The mark the TN puts on the catalog
+        topic after each group it publishes (a heartbeat) then moves it to C. (It moved to
+        C at once before: a create_database and a create_table of one transaction applied
+        in two polls reported C, then 0 once the table existed.)"""
+        self.catalog_watermark = max(self.catalog_watermark, record.commit_ts - 1)
         if body.op in (CatalogOp.CREATE_DATABASE, CatalogOp.DROP_DATABASE):
             return  # the TN sends drop_table for every table of a dropped database
         key = f"{record.database}.{record.table}"
@@ -187,6 +193,8 @@ class CNCore:
             if state.create_ts:
                 return  # re-delivered
             state.create_ts = record.commit_ts
+            # nothing of the table before its creation: its topic is known up to C - 1
+            self.marks[key] = max(self.marks.get(key, 0), record.commit_ts - 1)
             assert body.schema is not None, "create_table without a schema"
             state.schemas.append((record.commit_ts, body.schema))
             self.on_table_created(key)

@@ -120,6 +120,25 @@ def test_never_answers_above_watermark() -> None:
         cn.snapshot("db.other", 5)
 
 
+def test_a_transactions_records_applied_poll_by_poll_never_move_the_watermark_back() -> None:
+    """One transaction at ts 5 creates the database and the table and inserts a row; its
+    records reach the CN in separate polls, then the TN's catalog mark after the group.
+    Every reported watermark is at least the one before it, and none claims ts 5 before
+    the whole transaction is applied."""
+    cn = CNCore([T])
+    marks: list[int] = []
+    cn.on_watermark = marks.append
+    cn.apply_many([catalog_heartbeat(3)])
+    cn.apply(LogtailRecord("db", "", 5, Catalog(CatalogOp.CREATE_DATABASE, 1)))
+    cn.apply(create(5))
+    assert cn.watermark() < 5 and cn.watermark(T) < 5
+    cn.apply(inserts(5, 1, [(0, 1, "a")]))
+    assert cn.watermark() < 5
+    cn.apply(catalog_heartbeat(5))
+    assert marks == sorted(marks) and marks[0] == 3 and marks[-1] == 5
+    assert rows(cn, 5) == [(1, "a")]
+
+
 def test_idle_table_advances_by_heartbeats_alone() -> None:
     cn = CNCore([T])
     cn.apply_many([create(5), inserts(10, 1, [(0, 1, "a")]), catalog_heartbeat(10)])
@@ -141,6 +160,7 @@ def test_drop_table_hides_rows_after_not_before() -> None:
             inserts(10, 1, [(0, 1, "a")]),
             LogtailRecord("db", "t", 20, Catalog(CatalogOp.DROP_TABLE, 1), 7),
             LogtailRecord("db", "t", 20, Heartbeat()),
+            catalog_heartbeat(20),  # the TN's mark after the group
         ]
     )
     assert rows(cn, 15) == [(1, "a")]
