@@ -254,7 +254,10 @@ def write_progress(output: str | Path, progress: Progress) -> None:
 
 
 def apply_catalog(progress: Progress, record: LogtailRecord) -> None:
-    """Apply one record of the catalog topic (same rules as `CNCore._apply_catalog`)."""
+    """Apply one record of the catalog topic: the rules of `CNCore._apply_catalog`, except
+    that a DDL record moves the catalog watermark to its own ts, where CNCore moves it to
+    ts - 1 until the TN's mark after the group. A micro-batch that ends inside a
+    transaction's records can therefore claim its ts early here (not changed yet)."""
     progress.catalog_watermark = max(progress.catalog_watermark, record.commit_ts)
     body = record.body
     if not isinstance(body, Catalog):
