@@ -69,5 +69,5 @@ def test_a_job_following_the_tn_from_the_first_records_equals_it_at_its_watermar
             assert spark_rows(read_as_of(spark, output, f"db.{name}", ts)) == expected, (name, ts)
             checked += 1
     assert checked >= 16
-    with pytest.raises(AboveWatermarkError):
-        read_as_of(spark, output, "db.a", mark + 1)
+    with pytest.raises(AboveWatermarkError):  # a's own watermark: the job's is the minimum
+        read_as_of(spark, output, "db.a", watermark(output, "db.a") + 1)
