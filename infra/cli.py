@@ -14,6 +14,7 @@ import sys
 from collections.abc import Sequence
 
 from consumers.spark.arguments import add_job_arguments
+from infra.brokers.local import BROKERS, DEFAULT_BROKER
 from infra.config import ConfigError, KwalConfig
 from infra.stack import apply_stack
 
@@ -34,15 +35,20 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.add_argument("--json", action="store_true", help="print JSON instead of a table")
     doctor.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the broker")
 
-    demo = _command(sub, "demo", "infra.demo:run", "run the end-to-end demo on the embedded stack")
+    demo = _command(sub, "demo", "infra.demo:run", "run the end-to-end demo on a local stack")
+    demo.add_argument("--broker", choices=BROKERS, default=DEFAULT_BROKER,
+                      help="the broker the demo starts (Apache Kafka, or the embedded tansu)")
     demo.add_argument("--wal", choices=["kafka", "file"], default="kafka", help="the TN's log backend")
     demo.add_argument("--services", type=int, default=4, help="producer services running at once")
     demo.add_argument("--transactions", type=int, default=100, help="transactions per service")
 
-    up = _command(sub, "up", "infra.stack:run_up", "start the embedded stack (broker + S3) in the background")
-    up.add_argument("--broker-storage", choices=["memory", "s3"], default="memory")
+    up = _command(sub, "up", "infra.stack:run_up", "start a local stack (broker + S3) in the background")
+    up.add_argument("--broker", choices=BROKERS, default=DEFAULT_BROKER,
+                    help="Apache Kafka (installed from Maven Central on first use) or the embedded tansu")
+    up.add_argument("--broker-storage", choices=["memory", "s3"], default="memory",
+                    help="where tansu keeps its data (Apache Kafka keeps it on local disk)")
     _command(sub, "down", "infra.stack:run_down", "stop what `kwal up` started")
-    _command(sub, "status", "infra.stack:run_status", "show the embedded stack's processes and addresses")
+    _command(sub, "status", "infra.stack:run_status", "show the local stack's processes and addresses")
 
     wal = sub.add_parser("wal", help="inspect a write-ahead log").add_subparsers(dest="wal_command", required=True)
     dump = _command(wal, "dump", "tn.logstore.dump:run", "print the entries of a file-backend WAL")

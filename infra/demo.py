@@ -1,6 +1,7 @@
-"""`kwal demo`: the end-to-end demo on the embedded stack (the README's main job).
+"""`kwal demo`: the end-to-end demo on a local stack (the README's main job).
 
-1. start the embedded stack (loopback S3 + broker) unless a Kafka is configured;
+1. start a local stack (loopback S3 + Apache Kafka, or tansu with `--broker tansu`)
+   unless a Kafka is configured;
 2. probe the broker (`kwal doctor`) and provision the topics;
 3. start the TN as its own process (WAL on Kafka by default);
 4. create a database and two tables through the producers client;
@@ -28,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from infra.brokers.local import DEFAULT_BROKER
 from infra.config import KwalConfig
 from infra.doctor import probe
 from infra.stack import StackState, start_stack, stop_stack
@@ -104,10 +106,10 @@ def _load(cfg: KwalConfig, services: int, per_service: int, first_id: int, tally
     return threads
 
 
-def _own_stack(cfg: KwalConfig) -> tuple[KwalConfig, StackState]:
+def _own_stack(cfg: KwalConfig, broker: str) -> tuple[KwalConfig, StackState]:
     cfg.stack.state_dir = tempfile.mkdtemp(prefix="kwal-demo-")
-    say(f"starting the embedded stack in {cfg.stack.state_dir}")
-    stack = start_stack(cfg)
+    say(f"starting a local stack ({broker} broker, S3) in {cfg.stack.state_dir}")
+    stack = start_stack(cfg, broker=broker)
     cfg = cfg.with_bootstrap(stack.broker_address)
     cfg.objectstore = stack.object_store
     return cfg, stack
@@ -117,7 +119,7 @@ def run(args: Any, cfg: KwalConfig) -> int:
     started = time.monotonic()
     stack: StackState | None = None
     if not cfg.bootstrap_explicit and not getattr(args, "bootstrap", None):
-        cfg, stack = _own_stack(cfg)
+        cfg, stack = _own_stack(cfg, getattr(args, "broker", DEFAULT_BROKER))
     workdir = Path(tempfile.mkdtemp(prefix="kwal-demo-work-"))
     cfg = dataclasses.replace(
         cfg, topics=dataclasses.replace(cfg.topics, prefix=f"demo-{uuid.uuid4().hex[:6]}")

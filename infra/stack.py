@@ -1,7 +1,7 @@
 """`kwal up` / `kwal down` / `kwal status`: the embedded stack for local use.
 
-`up` starts the loopback S3 server (moto) and the broker (tansu) in the
-background and writes `<state_dir>/stack.json` with their PIDs and addresses;
+`up` starts the loopback S3 server (moto) and a broker (Apache Kafka by
+default, `--broker tansu` for the embedded one) in the background and writes `<state_dir>/stack.json` with their PIDs and addresses;
 `down` stops exactly the PIDs that file names (after checking each is still
 the process `up` started, by its command line) and removes the file. While a
 stack is up, commands that were given no Kafka address or object store use the
@@ -16,9 +16,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from infra.broker import start_broker
+from infra.brokers.local import DEFAULT_BROKER, check_broker
 from infra.config import KwalConfig, ObjectStoreConfig
-from infra.processes import ServerStartError, pid_alive, port_open, stop_pid
+from infra.processes import ServerProcess, ServerStartError, pid_alive, port_open, stop_pid
 from infra.s3server import ACCESS_KEY, SECRET_KEY, start_s3_server
 
 STATE_FILE = "stack.json"
@@ -33,6 +33,12 @@ class StackState:
     s3_pid: int
     s3_endpoint: str
     log_dir: str
+    broker: str = "tansu"  # state files written before Apache Kafka was the default name none
+
+    @property
+    def broker_marker(self) -> str:
+        """What the broker's command line contains (guards against a reused PID)."""
+        return "kafka.Kafka" if self.broker == "kafka" else "tansu"
 
     @property
     def object_store(self) -> ObjectStoreConfig:
@@ -80,37 +86,58 @@ def _pid_is_ours(pid: int, marker: str) -> bool:
     return marker in cmdline
 
 
-def start_stack(cfg: KwalConfig, storage: str = "memory") -> StackState:
+def start_stack(cfg: KwalConfig, storage: str = "memory", broker: str = DEFAULT_BROKER) -> StackState:
+    """Start the S3 server and the broker (the S3 server first: tansu's `s3` storage
+    needs it). Apache Kafka keeps its data in `<state_dir>/kafka`, fresh each `up`;
+    `storage` chooses tansu's (memory, or a bucket on the S3 server)."""
+    check_broker(broker)
     state_dir = Path(cfg.stack.state_dir)
     log_dir = state_dir / "logs"
     s3 = start_s3_server(log_dir, timeout_s=cfg.stack.start_timeout_s)
     endpoint = f"http://{s3.address}"
     try:
-        broker_storage = "memory://tansu/"
-        if storage == "s3":
-            from infra.objectstore import S3Store
+        if broker == "kafka":
+            import shutil
 
-            S3Store("tansu", "", ObjectStoreConfig(endpoint_url=endpoint, access_key_id=ACCESS_KEY,
-                                                    secret_access_key=SECRET_KEY)).ensure_bucket()
-            broker_storage = "s3://tansu/"
-        broker = start_broker(
-            log_dir,
-            storage=broker_storage,
-            s3_endpoint=endpoint,
-            s3_access_key=ACCESS_KEY,
-            s3_secret_key=SECRET_KEY,
-            timeout_s=cfg.stack.start_timeout_s,
-        )
+            from infra.brokers.apache_kafka import start_kafka
+
+            kafka_dir = state_dir / "kafka"
+            shutil.rmtree(kafka_dir, ignore_errors=True)
+            process = start_kafka(kafka_dir, timeout_s=max(cfg.stack.start_timeout_s, 120.0))
+            broker_storage = str(kafka_dir / "data")
+        else:
+            process, broker_storage = _start_tansu(log_dir, storage, endpoint, cfg.stack.start_timeout_s)
     except BaseException:
         s3.stop()
         raise
-    return StackState(broker.pid, broker.address, broker_storage, s3.pid, endpoint, str(log_dir))
+    return StackState(process.pid, process.address, broker_storage, s3.pid, endpoint, str(log_dir), broker)
+
+
+def _start_tansu(log_dir: Path, storage: str, endpoint: str, timeout_s: float) -> tuple[ServerProcess, str]:
+    from infra.brokers.tansu import start_broker
+
+    broker_storage = "memory://tansu/"
+    if storage == "s3":
+        from infra.objectstore import S3Store
+
+        S3Store("tansu", "", ObjectStoreConfig(endpoint_url=endpoint, access_key_id=ACCESS_KEY,
+                                                secret_access_key=SECRET_KEY)).ensure_bucket()
+        broker_storage = "s3://tansu/"
+    process = start_broker(
+        log_dir,
+        storage=broker_storage,
+        s3_endpoint=endpoint,
+        s3_access_key=ACCESS_KEY,
+        s3_secret_key=SECRET_KEY,
+        timeout_s=timeout_s,
+    )
+    return process, broker_storage
 
 
 def stop_stack(state: StackState) -> list[str]:
     stopped = []
     for name, pid, marker in (
-        ("broker", state.broker_pid, "tansu"),
+        ("broker", state.broker_pid, state.broker_marker),
         ("s3", state.s3_pid, "moto"),
     ):
         if _pid_is_ours(pid, marker):
@@ -121,18 +148,18 @@ def stop_stack(state: StackState) -> list[str]:
 
 def run_up(args: Any, cfg: KwalConfig) -> int:
     existing = read_state(cfg)
-    if existing and _pid_is_ours(existing.broker_pid, "tansu"):
+    if existing and _pid_is_ours(existing.broker_pid, existing.broker_marker):
         print(f"kwal: a stack is already up (broker {existing.broker_address}); `kwal down` first")
         return 1
     try:
-        state = start_stack(cfg, getattr(args, "broker_storage", "memory"))
+        state = start_stack(cfg, getattr(args, "broker_storage", "memory"), getattr(args, "broker", DEFAULT_BROKER))
     except ServerStartError as e:
         print(f"kwal up: {e}", file=sys.stderr)
         return 1
     path = state_path(cfg)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(asdict(state), indent=2))
-    print(f"broker  {state.broker_address}  (pid {state.broker_pid}, storage {state.broker_storage})")
+    print(f"broker  {state.broker_address}  ({state.broker}, pid {state.broker_pid}, storage {state.broker_storage})")
     print(f"s3      {state.s3_endpoint}  (pid {state.s3_pid})")
     print(f"logs    {state.log_dir}")
     print(f"export KWAL_BOOTSTRAP={state.broker_address}")
@@ -155,8 +182,8 @@ def run_status(args: Any, cfg: KwalConfig) -> int:
     if state is None:
         print("no stack is up")
         return 1
-    broker_up = _pid_is_ours(state.broker_pid, "tansu") and port_open(state.broker_address)
+    broker_up = _pid_is_ours(state.broker_pid, state.broker_marker) and port_open(state.broker_address)
     s3_up = _pid_is_ours(state.s3_pid, "moto") and port_open(state.s3_endpoint.removeprefix("http://"))
-    print(f"broker  {state.broker_address}  pid {state.broker_pid}  {'up' if broker_up else 'DOWN'}")
+    print(f"broker  {state.broker_address}  {state.broker}  pid {state.broker_pid}  {'up' if broker_up else 'DOWN'}")
     print(f"s3      {state.s3_endpoint}  pid {state.s3_pid}  {'up' if s3_up else 'DOWN'}")
     return 0 if broker_up and s3_up else 1

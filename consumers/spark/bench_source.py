@@ -203,9 +203,9 @@ def main(argv: list[str] | None = None) -> int:
     broker = None
     bootstrap = args.bootstrap
     if not bootstrap:
-        from infra.broker import start_broker
+        from infra.brokers.local import DEFAULT_BROKER, start_local_broker
 
-        broker = start_broker(Path(tempfile.mkdtemp(prefix="kwal-bench-broker-")))
+        broker = start_local_broker(DEFAULT_BROKER, Path(tempfile.mkdtemp(prefix="kwal-bench-broker-")))
         bootstrap = broker.address
     spark = build_session("kwal-bench-source")
     try:

@@ -1,31 +1,43 @@
-"""An embedded broker of a test's own that can be stopped and started again without
-losing its topics: its data lives in a bucket on the session's loopback S3 server."""
+"""A broker of a test's own that can be stopped and started again without losing its
+topics: Apache Kafka keeps its data on local disk and comes back on the same ports;
+the embedded broker keeps it in a bucket on the session's loopback S3 server."""
 
 from __future__ import annotations
 
-from infra.broker import start_broker
+import tempfile
+from pathlib import Path
+
+from infra.brokers.apache_kafka import KafkaNode
+from infra.brokers.tansu import start_broker
 from infra.config import ObjectStoreConfig
 from infra.objectstore import S3Store
 from infra.processes import ServerProcess
 from infra.s3server import ACCESS_KEY, SECRET_KEY
-from tests.conftest import LOG_DIR, unique
+from tests.conftest import LOG_DIR, TEST_BROKER, unique
 
 
 class RestartableBroker:
     def __init__(self, s3_server: ServerProcess) -> None:
-        self.endpoint = f"http://{s3_server.address}"
-        self.bucket = unique("tansu-")
-        S3Store(
-            self.bucket,
-            "",
-            ObjectStoreConfig(
-                endpoint_url=self.endpoint, access_key_id=ACCESS_KEY, secret_access_key=SECRET_KEY
-            ),
-        ).ensure_bucket()
+        self.kafka: KafkaNode | None = None
+        if TEST_BROKER == "kafka":
+            LOG_DIR.mkdir(parents=True, exist_ok=True)
+            self.kafka = KafkaNode(Path(tempfile.mkdtemp(prefix="restartable-", dir=LOG_DIR)))
+        else:
+            self.endpoint = f"http://{s3_server.address}"
+            self.bucket = unique("tansu-")
+            S3Store(
+                self.bucket,
+                "",
+                ObjectStoreConfig(
+                    endpoint_url=self.endpoint, access_key_id=ACCESS_KEY, secret_access_key=SECRET_KEY
+                ),
+            ).ensure_bucket()
         self.process = self._start(None)
         self.address = self.process.address
 
     def _start(self, port: int | None) -> ServerProcess:
+        if self.kafka is not None:
+            return self.kafka.start()  # same node, same ports, same data
         return start_broker(
             LOG_DIR,
             storage=f"s3://{self.bucket}/",
@@ -36,7 +48,7 @@ class RestartableBroker:
         )
 
     def stop(self) -> None:
-        self.process.stop()
+        self.process.stop(timeout_s=30)
 
     def restart(self) -> None:
         """Start it again on the same port (after `stop`)."""

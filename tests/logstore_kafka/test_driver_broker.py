@@ -267,9 +267,10 @@ def test_two_writers_older_is_fenced(wal_config: KwalConfig) -> None:
 def test_lost_broker_fails_pending_appends_in_bounded_time(
     wal_config: KwalConfig, tmp_path: Path
 ) -> None:
-    from infra.broker import start_broker
+    from infra.brokers.local import start_local_broker
+    from tests.conftest import TEST_BROKER
 
-    broker = start_broker(tmp_path / "broker")
+    broker = start_local_broker(TEST_BROKER, tmp_path / "broker")
     try:
         cfg = wal_config.with_bootstrap(broker.address)
         cfg.wal.append_timeout_s = 2.0

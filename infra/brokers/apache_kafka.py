@@ -1,0 +1,210 @@
+"""Apache Kafka as a local KRaft node: the production broker, installed by the project.
+
+Install: the jars of `infra/brokers/kafka/pom.xml` (`kafka_2.13` plus a log4j2
+backend) are resolved from Maven Central into `~/.cache/kwal/kafka-<version>/`
+once (`infra.maven`). Where `$KAFKA_HOME` names an Apache Kafka distribution,
+its `libs/` is used instead and Maven is not needed.
+
+Start (`KafkaNode.start`):
+1. write `server.properties` for one combined node (`process.roles=broker,controller`,
+   static voter `1@127.0.0.1:<controller port>`, replication factors 1) and a
+   log4j2 file that keeps the broker's log at WARN, both in the node's directory;
+2. format the KRaft storage directory with `kafka.tools.StorageTool` (once: a
+   restart reuses it, and a reused directory keeps its cluster id);
+3. start `kafka.Kafka` in its own process group and wait, bounded, until a
+   Metadata request names a broker (with WARN logging the "started" line is gone).
+
+The settings favour a 2-core machine and tests that watch retention happen:
+a small heap and cleaner buffer, retention checked every second from the start,
+deleted segments removed at once, 1 MiB segments (4.x's minimum).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from infra.brokers import metadata_ok
+from infra.maven import MavenError, resolve_jars, resolved_dir
+from infra.processes import ServerProcess, ServerStartError, free_port, start_server
+
+KAFKA_VERSION = "4.1.1"
+POM = Path(__file__).with_name("kafka") / "pom.xml"
+HEAP = "-Xms256m -Xmx768m"
+
+# Broker settings of every local node; `KafkaNode.extra` adds to or overrides them.
+BROKER_SETTINGS: dict[str, str] = {
+    "offsets.topic.replication.factor": "1",
+    "offsets.topic.num.partitions": "4",
+    "transaction.state.log.replication.factor": "1",
+    "transaction.state.log.min.isr": "1",
+    "transaction.state.log.num.partitions": "4",
+    "share.coordinator.state.topic.replication.factor": "1",
+    "share.coordinator.state.topic.min.isr": "1",
+    "default.replication.factor": "1",
+    "min.insync.replicas": "1",
+    "group.initial.rebalance.delay.ms": "0",
+    "num.partitions": "1",
+    "auto.create.topics.enable": "true",
+    "delete.topic.enable": "true",
+    # retention that tests can watch: checked every second from start-up, segments
+    # deleted at once once retention marks them
+    "log.retention.check.interval.ms": "1000",
+    "log.initial.task.delay.ms": "0",
+    "log.segment.delete.delay.ms": "0",
+    "file.delete.delay.ms": "0",
+    "log.segment.bytes": str(1 << 20),
+    # a small machine: the cleaner's dedupe buffer is heap (128 MiB by default)
+    "log.cleaner.dedupe.buffer.size": str(8 << 20),
+    "log.cleaner.threads": "1",
+    "num.network.threads": "2",
+    "num.io.threads": "4",
+    "num.recovery.threads.per.data.dir": "1",
+}
+
+LOG4J2 = """\
+status = warn
+appender.out.type = Console
+appender.out.name = OUT
+appender.out.layout.type = PatternLayout
+appender.out.layout.pattern = [%d] %p %m (%c)%n
+rootLogger.level = warn
+rootLogger.appenderRef.out.ref = OUT
+"""
+
+
+class KafkaUnavailableError(ServerStartError):
+    """Apache Kafka cannot be run here; the message says what is missing and the ways out."""
+
+
+def java_binary() -> str:
+    home = os.environ.get("JAVA_HOME")
+    if home and (Path(home) / "bin" / "java").exists():
+        return str(Path(home) / "bin" / "java")
+    java = shutil.which("java")
+    if java is None:
+        raise KafkaUnavailableError(
+            "Apache Kafka needs Java 17+ and none was found (no `java` on PATH, no JAVA_HOME): "
+            "install a JDK (apt install openjdk-17-jre-headless), or use the embedded broker "
+            "with `--broker tansu` (KWAL_TEST_BROKER=tansu for the tests)"
+        )
+    return java
+
+
+def kafka_classpath() -> str:
+    """The broker's classpath: `$KAFKA_HOME/libs/*`, else the Maven-resolved cache."""
+    home = os.environ.get("KAFKA_HOME")
+    if home:
+        libs = Path(home) / "libs"
+        if not any(libs.glob("kafka_2.13-*.jar")):
+            raise KafkaUnavailableError(f"KAFKA_HOME={home} is not an Apache Kafka distribution (no libs/kafka_2.13-*.jar)")
+        return f"{libs}/*"
+    try:
+        jars = resolve_jars(POM, f"kafka-{KAFKA_VERSION}")
+    except MavenError as e:
+        raise KafkaUnavailableError(
+            f"{e}\nOther ways out: set KAFKA_HOME to an Apache Kafka distribution, or use the "
+            "embedded broker with `--broker tansu` (KWAL_TEST_BROKER=tansu for the tests)"
+        ) from e
+    return f"{jars}/*"
+
+
+def kafka_installed() -> bool:
+    """True when starting a node needs no download."""
+    return bool(os.environ.get("KAFKA_HOME")) or resolved_dir(f"kafka-{KAFKA_VERSION}") is not None
+
+
+@dataclass
+class KafkaNode:
+    """One combined broker+controller node whose data lives in `directory`.
+
+    `start` after `stop` brings the same node back on the same ports with its data
+    (the fault tests' broker restart)."""
+
+    directory: Path
+    port: int = 0
+    controller_port: int = 0
+    extra: dict[str, str] = field(default_factory=dict)
+    timeout_s: float = 120.0
+    process: ServerProcess | None = None
+
+    def __post_init__(self) -> None:
+        self.port = self.port or free_port()
+        self.controller_port = self.controller_port or free_port()
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def data_dir(self) -> Path:
+        return self.directory / "data"
+
+    def properties(self) -> dict[str, str]:
+        return {
+            "process.roles": "broker,controller",
+            "node.id": "1",
+            "controller.quorum.voters": f"1@127.0.0.1:{self.controller_port}",
+            "listeners": f"PLAINTEXT://{self.address},CONTROLLER://127.0.0.1:{self.controller_port}",
+            "advertised.listeners": f"PLAINTEXT://{self.address}",
+            "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+            "controller.listener.names": "CONTROLLER",
+            "inter.broker.listener.name": "PLAINTEXT",
+            "log.dirs": str(self.data_dir),
+            **BROKER_SETTINGS,
+            **self.extra,
+        }
+
+    def start(self) -> ServerProcess:
+        """Install (first use), format (first start) and start the node; bounded wait."""
+        java, classpath = java_binary(), kafka_classpath()
+        self.directory.mkdir(parents=True, exist_ok=True)
+        config = self.directory / "server.properties"
+        config.write_text("".join(f"{k}={v}\n" for k, v in self.properties().items()))
+        log4j = self.directory / "log4j2.properties"
+        log4j.write_text(LOG4J2)
+        jvm = [java, *HEAP.split(), "-XX:+UseG1GC", "-Djava.awt.headless=true",
+               f"-Dlog4j2.configurationFile={log4j}", "-cp", classpath]
+        if not (self.data_dir / "meta.properties").exists():
+            fmt = subprocess.run(
+                [*jvm, "kafka.tools.StorageTool", "format", "-t", _cluster_id(), "-c", str(config)],
+                capture_output=True, text=True, timeout=self.timeout_s, check=False,
+            )
+            if fmt.returncode != 0:
+                raise ServerStartError(
+                    f"formatting Kafka storage {self.data_dir} failed (exit {fmt.returncode}):\n"
+                    + "\n".join((fmt.stdout + fmt.stderr).splitlines()[-20:])
+                )
+        self.process = start_server(
+            f"kafka broker (Apache Kafka {KAFKA_VERSION})",
+            [*jvm, "kafka.Kafka", str(config)],
+            self.address,
+            self.directory / "broker.log",
+            ready=lambda: metadata_ok(self.address),
+            timeout_s=self.timeout_s,
+        )
+        return self.process
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.stop(timeout_s=30)
+
+    def kill(self) -> None:
+        if self.process is not None:
+            self.process.kill()
+
+
+def _cluster_id() -> str:
+    """A KRaft cluster id: 16 random bytes, URL-safe base64 without padding (22 chars)."""
+    import base64
+
+    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+
+
+def start_kafka(directory: Path, port: int | None = None, timeout_s: float = 120.0) -> ServerProcess:
+    """Start a fresh Apache Kafka node with its data and log under `directory`."""
+    return KafkaNode(directory, port=port or 0, timeout_s=timeout_s).start()
