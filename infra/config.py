@@ -103,6 +103,9 @@ class StackConfig:
     start_timeout_s: float = 30.0
 
 
+RECORD_FRAMING_BYTES = 64 << 10
+
+
 @dataclass
 class KwalConfig:
     kafka: dict[str, str] = field(default_factory=lambda: {"bootstrap.servers": "127.0.0.1:9092"})
@@ -116,6 +119,15 @@ class KwalConfig:
     @property
     def bootstrap(self) -> str:
         return self.kafka["bootstrap.servers"]
+
+    @property
+    def max_record_bytes(self) -> int:
+        """The largest Kafka record kwal writes or accepts: a request of
+        `tn.max_request_bytes`, or a WAL group of `wal.group_max_bytes` (a committed
+        transaction's logtail record is no larger), plus room for the record's framing.
+        Brokers default to ~1 MB; kwal's topics and producers are set to this instead, so
+        that a transaction the TN accepts is never refused by the broker."""
+        return max(self.tn.max_request_bytes, self.wal.group_max_bytes) + RECORD_FRAMING_BYTES
 
     def kafka_client(self, **overrides: Any) -> dict[str, Any]:
         """Settings for a confluent-kafka client: the pass-through table plus overrides.

@@ -12,7 +12,9 @@
 
 The WAL and logtail topics are created with retention.ms = retention.bytes = -1:
 nothing is deleted by time or size until an operator sets a retention that
-`kwal ops retention --check` calls safe.
+`kwal ops retention --check` calls safe. Topics that carry rows (requests, WAL,
+catalog, logtail) take records up to `cfg.max_record_bytes` (`max.message.bytes`;
+brokers default to ~1 MB).
 """
 
 from __future__ import annotations
@@ -40,19 +42,24 @@ class TopicSpec:
     config: dict[str, str] = field(default_factory=dict)
 
 
+def _rows(cfg: KwalConfig, config: dict[str, str]) -> dict[str, str]:
+    """`config` for a topic whose records carry rows: large records allowed."""
+    return {**config, "max.message.bytes": str(cfg.max_record_bytes)}
+
+
 def core_topics(cfg: KwalConfig) -> list[TopicSpec]:
     t = cfg.topics
     return [
-        TopicSpec(t.requests, 1, {"cleanup.policy": "delete"}),
+        TopicSpec(t.requests, 1, _rows(cfg, {"cleanup.policy": "delete"})),
         TopicSpec(t.results, 1, {"cleanup.policy": "delete"}),
-        TopicSpec(t.wal, t.wal_partitions, dict(KEEP_FOREVER)),
+        TopicSpec(t.wal, t.wal_partitions, _rows(cfg, KEEP_FOREVER)),
         TopicSpec(t.wal_meta, 1, {"cleanup.policy": "compact"}),
-        TopicSpec(t.catalog, 1, dict(KEEP_FOREVER)),
+        TopicSpec(t.catalog, 1, _rows(cfg, KEEP_FOREVER)),
     ]
 
 
 def logtail_topic(cfg: KwalConfig, database: str, table: str) -> TopicSpec:
-    return TopicSpec(cfg.topics.logtail(database, table), 1, dict(KEEP_FOREVER))
+    return TopicSpec(cfg.topics.logtail(database, table), 1, _rows(cfg, KEEP_FOREVER))
 
 
 def admin_client(cfg: KwalConfig) -> AdminClient:

@@ -108,6 +108,7 @@ def client_producer_conf(cfg: KwalConfig) -> dict[str, Any]:
             "acks": "all",
             "enable.idempotence": True,
             "queue.buffering.max.messages": 200_000,
+            "message.max.bytes": cfg.max_record_bytes,
         }
     )
 
@@ -330,6 +331,14 @@ class Client:
         if self._closed:
             raise ClientClosedError("client is closed")
         payload = encode_request(req)
+        limit = self.cfg.tn.max_request_bytes
+        if len(payload) > limit:
+            raise ValidationError(
+                f"transaction {req.request_id} is {len(payload)} bytes encoded, above "
+                f"tn.max_request_bytes={limit}: split it into smaller transactions",
+                code="oversized",
+                request_id=req.request_id,
+            )
         fut = self._router.register(req.request_id)
         router = self._router
         rid = req.request_id

@@ -128,3 +128,29 @@ def spark() -> Iterator[Any]:
         yield session
     finally:
         session.stop()
+
+
+# The suite's time in view: with KWAL_TEST_DURATIONS=FILE, each test's time (setup + call +
+# teardown) is written to FILE as "seconds<TAB>node id" lines when the session ends
+# (scripts/test prints the ten slowest). Under xdist the controller sees every report.
+_durations: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    _durations[report.nodeid] = _durations.get(report.nodeid, 0.0) + report.duration
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    target = os.environ.get("KWAL_TEST_DURATIONS")
+    if not target or hasattr(session.config, "workerinput"):  # an xdist worker: not the controller
+        return
+    rows = sorted(_durations.items(), key=lambda kv: -kv[1])
+    Path(target).write_text("".join(f"{s:.2f}\t{nodeid}\n" for nodeid, s in rows))
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (`--dist loadgroup`) every test that uses the SparkSession runs
+    on one worker: a session costs a JVM and 10-20 s to start, so one is shared."""
+    for item in items:
+        if "spark" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group("spark"))

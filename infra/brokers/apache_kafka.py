@@ -16,7 +16,9 @@ Start (`KafkaNode.start`):
 
 The settings favour a 2-core machine and tests that watch retention happen:
 a small heap and cleaner buffer, retention checked every second from the start,
-deleted segments removed at once, 1 MiB segments (4.x's minimum).
+deleted segments removed at once. Segments keep Kafka's default size (1 GiB): a
+segment must hold kwal's largest record (`KwalConfig.max_record_bytes`, above
+8 MiB), so a test that wants segments to roll sets the topic's `segment.ms`.
 """
 
 from __future__ import annotations
@@ -57,7 +59,6 @@ BROKER_SETTINGS: dict[str, str] = {
     "log.initial.task.delay.ms": "0",
     "log.segment.delete.delay.ms": "0",
     "file.delete.delay.ms": "0",
-    "log.segment.bytes": str(1 << 20),
     # a small machine: the cleaner's dedupe buffer is heap (128 MiB by default)
     "log.cleaner.dedupe.buffer.size": str(8 << 20),
     "log.cleaner.threads": "1",

@@ -5,11 +5,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from consumers.core.cn import CN
 from infra.config import KwalConfig
 from infra.topics import ensure_topics
 from producers import Client
 from tn.service.process import TnProcess
+
+pytestmark = pytest.mark.tansu  # the compatibility subset: also runs on the embedded broker
 
 
 def test_cn_agrees_with_tn_across_a_tn_kill(kwal_config: KwalConfig, tmp_path: Path) -> None:

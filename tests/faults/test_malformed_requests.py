@@ -25,7 +25,9 @@ payloads = st.one_of(
     st.binary(max_size=300),  # random bytes
     st.binary(min_size=4, max_size=200).map(lambda b: b"KW" + bytes([b[0] % 250 + 2]) + b[1:]),  # unknown versions
     st.integers(5, 120).map(lambda n: _valid(pa.table({"id": [7]}))[:n]),  # truncated
-    st.integers(1, 3).map(lambda k: _valid(pa.table({"id": [10**6 + k], "name": ["x" * (9 << 20)]}))),  # huge
+    # above tn.max_request_bytes (8 MiB), within what the requests topic takes (the TN's
+    # limit plus framing): the broker accepts it and the TN must refuse it
+    st.integers(1, 3).map(lambda k: _valid(pa.table({"id": [10**6 + k], "name": ["x" * ((8 << 20) + 1000 * k)]}))),
     st.sampled_from(["nosuch", "items2"]).map(  # a well-formed request for a table that is not there
         lambda t: encode_request(
             TxnRequest(uuid.uuid4().hex, "fuzz", (TxnOp(OpKind.INSERT, "shop", t, rows=pa.table({"id": [1]})),))
@@ -47,7 +49,7 @@ def test_fuzzed_requests_all_abort_and_change_nothing(
         client.begin().insert(T, [{"id": 1, "name": "keep", "price": 1.0}]).commit(timeout=30)
     before = rows_of(tn)
     already = len(raw_results(kwal_config, want=10**9, timeout=1.0))
-    p = Producer(kwal_config.kafka_client(**{"message.max.bytes": 32 << 20}))
+    p = Producer(kwal_config.kafka_client(**{"message.max.bytes": kwal_config.max_record_bytes}))
     for value in batch:
         p.produce(kwal_config.topics.requests, key=b"fuzz", value=value)
     assert p.flush(30) == 0

@@ -101,6 +101,7 @@ def test_doctor_against_closed_port_is_one_line_nonzero() -> None:
     assert len(res.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.tansu
 def test_doctor_reports_every_feature(kafka_bootstrap: str, embedded_broker: object) -> None:
     res = subprocess.run(
         [*KWAL, "--bootstrap", kafka_bootstrap, "doctor", "--json"],
@@ -137,6 +138,7 @@ def test_ensure_topics_is_idempotent(kwal_config: KwalConfig) -> None:
         assert spec.name in md.topics
 
 
+@pytest.mark.tansu
 def test_up_status_down(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("KWAL_")}
     env["KWAL_STACK_STATE_DIR"] = str(tmp_path / "state")

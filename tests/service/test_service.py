@@ -360,3 +360,34 @@ def test_a_request_acknowledged_without_an_offset_is_sent_again_outside_the_call
     assert sorted(rows_of(tn)) == [7]
     copies = [r for _, r in raw_results(kwal_config, want=3) if r.request_id == txn.request_id]
     assert len(copies) == 2 and all(r.commit_ts == result.commit_ts for r in copies)
+
+
+def test_a_transaction_above_the_brokers_default_record_size_commits(
+    tn: RunningTn, client: Client, kwal_config: KwalConfig
+) -> None:
+    """Brokers take ~1 MB records by default; kwal's topics and producers take what the
+    TN accepts (tn.max_request_bytes), so a 3 MB transaction commits whole."""
+    setup_table(client)
+    rows = [{"id": i, "name": "x" * 30_000, "price": float(i)} for i in range(100)]
+    assert client.begin().insert(T, rows).commit(timeout=60).commit_ts > 0
+    got = rows_of(tn)
+    assert sorted(got) == list(range(100)) and got[42]["name"] == "x" * 30_000
+
+
+def test_a_transaction_above_the_limit_is_refused_before_it_is_sent(
+    tn: RunningTn, client: Client, kwal_config: KwalConfig
+) -> None:
+    setup_table(client)
+    kwal_config.tn.max_request_bytes = 200_000  # the client reads this config object
+    ends = Consumer(kwal_config.kafka_client(**{"group.id": "t-ends"}))
+    try:
+        before = ends.get_watermark_offsets(TopicPartition(kwal_config.topics.requests, 0), timeout=10)
+        txn = client.begin().insert(T, [{"id": 1, "name": "x" * 300_000, "price": 1.0}])
+        with pytest.raises(ValidationError, match=r"above tn.max_request_bytes=200000") as info:
+            txn.commit(timeout=30)
+        assert info.value.code == "oversized"
+        after = ends.get_watermark_offsets(TopicPartition(kwal_config.topics.requests, 0), timeout=10)
+    finally:
+        ends.close()
+    assert after == before  # nothing reached the requests topic
+    assert rows_of(tn) == {}

@@ -19,7 +19,7 @@ from infra.objectstore import FolderStore
 from tests.logtail.conftest import Tn, random_steps, start_tn
 from tests.spark.helpers import spark_rows, tn_rows
 
-pytestmark = pytest.mark.spark
+pytestmark = [pytest.mark.spark, pytest.mark.tansu]  # tansu: the compatibility subset
 
 TABLES = ["db.a", "db.b", "db.idle"]
 TIMEOUT_S = 180

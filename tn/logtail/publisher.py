@@ -65,6 +65,7 @@ class LogtailPublisher:
                     "acks": "all",
                     "linger.ms": 2,
                     "compression.type": "lz4",
+                    "message.max.bytes": cfg.max_record_bytes,
                 }
             )
         )

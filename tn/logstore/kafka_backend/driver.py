@@ -110,7 +110,7 @@ def producer_conf(cfg: KwalConfig) -> dict[str, Any]:
             "enable.idempotence": True,
             "linger.ms": 0,
             "message.timeout.ms": max(1000, int(cfg.wal.append_timeout_s * 1000)),
-            "message.max.bytes": max(1_000_000, cfg.wal.group_max_bytes + (64 << 10)),
+            "message.max.bytes": cfg.max_record_bytes,
         }
     )
 
