@@ -341,19 +341,21 @@ def _wal_topic_with(cfg: KwalConfig, config: dict[str, str]) -> None:
 
 
 def test_retention_guard_refuses_unsafe_retention(wal_config: KwalConfig) -> None:
-    _wal_topic_with(wal_config, {"retention.ms": "1000", "retention.bytes": "-1"})
+    hour = 3_600_000
+    _wal_topic_with(wal_config, {"retention.ms": str(hour), "retention.bytes": "-1"})
     raw = RawWal(wal_config)
     _wal_topic_with(wal_config, {})  # creates the meta topic beside it (the WAL exists)
     raw.epoch(1, 0)
-    raw.entries(0, 1, 1, [b"needed"], acked=0)
-    time.sleep(1.2)  # the entry above the truncation point is older than retention.ms allows
+    # an entry above the truncation point written 40 minutes ago: the guard's margin (2x its
+    # age) exceeds the hour of retention, and a broker that deletes keeps it for 20 minutes
+    raw.entries(0, 1, 1, [b"needed"], acked=0, timestamp_ms=int(time.time() * 1000) - 40 * 60_000)
     with pytest.raises(RetentionUnsafeError) as e:
         KafkaDriver(wal_config, delete_records=False)
     assert e.value.setting == "retention.ms"
     # policy "warn": opens, says so loudly, and keeps the warning for ops status
     d = KafkaDriver(wal_config, delete_records=False, retention_policy="warn")
     try:
-        assert "retention.ms=1000" in d.retention_warning
+        assert f"retention.ms={hour}" in d.retention_warning
         assert d.status()["retention_warning"]
     finally:
         d.close()

@@ -82,13 +82,13 @@ def status_json(cfg: KwalConfig, capsys: pytest.CaptureFixture[str]) -> dict[str
     return doc
 
 
-def set_wal_retention(cfg: KwalConfig, ms: int) -> None:
+def set_wal_retention(cfg: KwalConfig, value: int, name: str = "retention.ms") -> None:
     admin = AdminClient(cfg.kafka_client())
     res = ConfigResource(
         ConfigResource.Type.TOPIC,
         cfg.topics.wal,
         incremental_configs=[
-            ConfigEntry("retention.ms", str(ms), incremental_operation=AlterConfigOpType.SET)
+            ConfigEntry(name, str(value), incremental_operation=AlterConfigOpType.SET)
         ],
     )
     try:
@@ -199,12 +199,15 @@ def test_retention_check_fails_on_unsafe_and_passes_on_safe(
     cfg: KwalConfig, capsys: pytest.CaptureFixture[str]
 ) -> None:
     write_entries(cfg, 20)
-    time.sleep(1.2)  # the entries above the truncation point are > 1 s old
     assert ops_retention.run(args(), cfg) == 0  # -1: safe
-    set_wal_retention(cfg, 1000)
+    # Unsafe by size, not by age: a retention.ms below the entries' age would let a broker
+    # that deletes (Apache Kafka, checking every second here) remove them before the check
+    # looks; retention.bytes never deletes a partition's only segment.
+    set_wal_retention(cfg, 100, "retention.bytes")
     assert ops_retention.run(args(), cfg) == 1
     out = capsys.readouterr().out
-    assert "UNSAFE" in out and "retention.ms=1000" in out
+    assert "UNSAFE" in out and "retention.bytes=100" in out
+    set_wal_retention(cfg, -1, "retention.bytes")
     set_wal_retention(cfg, 7 * 24 * 3600 * 1000)
     assert ops_retention.run(args(), cfg) == 0
     set_wal_retention(cfg, -1)
