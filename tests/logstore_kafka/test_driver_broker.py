@@ -337,19 +337,22 @@ def _wal_topic_with(cfg: KwalConfig, config: dict[str, str]) -> None:
 
 
 def test_retention_guard_refuses_unsafe_retention(wal_config: KwalConfig) -> None:
-    _wal_topic_with(wal_config, {"retention.ms": "1000", "retention.bytes": "-1"})
+    # retention.bytes below the bytes above the truncation point (a broker that deletes
+    # never removes a partition's only segment by size, so the entry stays to be seen;
+    # a short retention.ms would have it deleted before the driver could refuse)
+    _wal_topic_with(wal_config, {"retention.ms": "-1", "retention.bytes": "8"})
     raw = RawWal(wal_config)
     _wal_topic_with(wal_config, {})  # creates the meta topic beside it (the WAL exists)
     raw.epoch(1, 0)
-    raw.entries(0, 1, 1, [b"needed"], acked=0)
-    time.sleep(1.2)  # the entry above the truncation point is older than retention.ms allows
+    raw.entries(0, 1, 1, [b"needed entry"], acked=0)
     with pytest.raises(RetentionUnsafeError) as e:
         KafkaDriver(wal_config, delete_records=False)
-    assert e.value.setting == "retention.ms"
+    assert e.value.setting == "retention.bytes"
     # policy "warn": opens, says so loudly, and keeps the warning for ops status
+    wal_config.wal.retention_floor_check_s = 0  # no keeper raising it meanwhile
     d = KafkaDriver(wal_config, delete_records=False, retention_policy="warn")
     try:
-        assert "retention.ms=1000" in d.retention_warning
+        assert "retention.bytes=8" in d.retention_warning
         assert d.status()["retention_warning"]
     finally:
         d.close()
