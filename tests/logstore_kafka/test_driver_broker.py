@@ -21,6 +21,8 @@ from tn.logstore.kafka_backend import (
     RetentionUnsafeError,
     WindowTimeoutError,
 )
+from tn.logstore.kafka_backend.headers import decode_headers
+from tn.logstore.kafka_backend.kio import read_until
 from tn.logstore.kafka_backend.writer import GroupWriter
 
 
@@ -196,7 +198,17 @@ def test_logical_truncation_survives_restart(wal_config: KwalConfig) -> None:
     try:
         assert d2.truncated() == 20
         assert _all(d2) == {n: b"p%d" % n for n in range(21, 51)}
-        assert d2.replay_result.head_skipped == 20
+        # read from the offset the truncation record names (the first record holding an
+        # entry above 20), not from 0: only that record's entries <= 20 are skipped
+        start = d2.replay_start[0]
+        assert start > 0
+        held = [
+            decode_headers(m.headers())
+            for m in read_until(wal_config.kafka_client(), wal_config.topics.wal, {0: start + 1}, 10)
+            if m.offset() == start
+        ]
+        assert len(held) == 1 and held[0].last > 20
+        assert d2.replay_result.head_skipped == max(0, 20 - held[0].first + 1)
     finally:
         d2.close()
 
