@@ -47,6 +47,7 @@ DEFAULT_ROWS = 1_000_000
 DEFAULT_ENTRIES = (10_000, 100_000)
 DEFAULT_HISTORY = 2_000  # entries behind the checkpoint of the "1x" TN (step 5)
 DEFAULT_TAIL = 500  # entries after it, both TNs
+DEFAULT_ROUNDS = 5  # restarts of each (the figure is the median)
 THREADS = 16
 ATTACH_ROWS = 16 * 8192
 
@@ -240,6 +241,7 @@ def run(args: argparse.Namespace, cfg: KwalConfig) -> int:
                 Path(tmpdir) / "history",
                 int(getattr(args, "history", 0) or DEFAULT_HISTORY),
                 int(getattr(args, "tail", 0) or DEFAULT_TAIL),
+                rounds=int(getattr(args, "rounds", 0) or DEFAULT_ROUNDS),
             )
         )
         top = max(sizes)
@@ -255,6 +257,7 @@ def main() -> int:
     p.add_argument("--wal-entries", type=int, nargs="+", default=list(DEFAULT_ENTRIES))
     p.add_argument("--history", type=int, default=DEFAULT_HISTORY)
     p.add_argument("--tail", type=int, default=DEFAULT_TAIL)
+    p.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS)
     p.add_argument("--bootstrap")
     a = p.parse_args()
     cfg = KwalConfig.load()

@@ -115,14 +115,14 @@ class _Tn:
 
 
 def measure(
-    cfg: KwalConfig, objects: Path, history: int, tail: int, rounds: int = 3
+    cfg: KwalConfig, objects: Path, history: int, tail: int, rounds: int = 5
 ) -> dict[str, Any]:
     """Steps 1-3 (module docstring); the figures for the bench's JSON line."""
     from infra.doctor import deletes_records
 
     deletes = deletes_records(cfg, "WAL")
     tns = {"1x": _Tn(cfg, "h1x", objects, deletes), "10x": _Tn(cfg, "h10x", objects, deletes)}
-    out: dict[str, Any] = {"history_entries": history, "tail_entries": tail}
+    out: dict[str, Any] = {"history_entries": history, "tail_entries": tail, "restarts": rounds}
     try:
         for name, tn in tns.items():
             out[f"checkpoint_lsn_{name}"] = tn.load(history * (10 if name == "10x" else 1), tail)
