@@ -46,7 +46,7 @@ from tn.logstore.kafka_backend.retention import (
     UNLIMITED,
     Retention,
     SafeRetention,
-    alter_retention,
+    alter_topic_configs,
     check_retention,
     read_retention,
     safe_retention,
@@ -300,7 +300,7 @@ def apply_retention(
 ) -> None:
     """Set `values` on `topics`; OpsError when the broker cannot."""
     try:
-        alter_retention(admin, topics, values, timeout_s)
+        alter_topic_configs(admin, topics, values, timeout_s)
     except KafkaException as e:
         raise OpsError(f"the broker did not alter topic configs: {e}") from e
 

@@ -34,7 +34,7 @@ from tn.engine import Engine
 from tn.logstore.driver import LogStore
 from tn.logstore.kafka_backend import KafkaDriver
 from tn.logstore.kafka_backend.exceptions import AcknowledgedEntryLostError
-from tn.logstore.kafka_backend.retention import alter_retention, read_retention
+from tn.logstore.kafka_backend.retention import alter_topic_configs, read_retention
 
 
 def _args(**kw: Any) -> argparse.Namespace:
@@ -116,7 +116,7 @@ def test_retention_settings_that_could_delete_needed_records_are_refused(
     admin = AdminClient(cfg.kafka_client())
     assert read_retention(admin, cfg.topics.wal).ms == -1  # nothing was applied
     # an operator who sets it anyway (the admin API): --check fails, naming it
-    alter_retention(admin, [cfg.topics.wal], {"retention.ms": 30_000})
+    alter_topic_configs(admin, [cfg.topics.wal], {"retention.ms": 30_000})
     assert ops_retention.run(_args(check=True), cfg) == 1
     assert "UNSAFE" in capsys.readouterr().out
 
@@ -130,7 +130,7 @@ def test_entries_deleted_by_retention_are_never_replayed_silently(
     _write(cfg, 5)  # epoch 2 recovered 1..10 (its base), then wrote 11..15
     admin = AdminClient(cfg.kafka_client())
     end = _end(cfg, cfg.topics.wal)
-    alter_retention(admin, [cfg.topics.wal], {"retention.ms": 500})
+    alter_topic_configs(admin, [cfg.topics.wal], {"retention.ms": 500})
     wait_for("retention deletes every WAL record", lambda: starts(cfg, cfg.topics.wal, [0])[0] == end)
     with pytest.raises(AcknowledgedEntryLostError, match="recovered the log through LSN 10"):
         KafkaDriver(cfg, delete_records=False)

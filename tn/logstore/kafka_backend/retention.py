@@ -133,7 +133,7 @@ def check_retention(topic: str, retention: Retention, safe: SafeRetention) -> Re
     return RetentionCheck(ok=True)
 
 
-def alter_retention(
+def alter_topic_configs(
     admin: AdminClient, topics: list[str], values: dict[str, int], timeout_s: float = 10.0
 ) -> None:
     """Set `values` ({"retention.ms": v, ...}) on `topics` (incremental_alter_configs);

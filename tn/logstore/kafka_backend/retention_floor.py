@@ -46,7 +46,7 @@ from confluent_kafka.admin import AdminClient
 from tn.logstore.kafka_backend.retention import (
     UNLIMITED,
     SafeRetention,
-    alter_retention,
+    alter_topic_configs,
     read_retention,
 )
 
@@ -126,7 +126,7 @@ class RetentionFloor:
         if not change:
             return {}
         try:
-            alter_retention(self._admin, [self.topic], change, self._timeout_s)
+            alter_topic_configs(self._admin, [self.topic], change, self._timeout_s)
         except KafkaException as e:
             # 4. the alarm
             self.alarm = (
