@@ -86,9 +86,11 @@ class RetentionFloor:
         return self
 
     def stop(self) -> None:
+        """Stop checking. Waits at most a second: a check blocked on a broker that is gone
+        must not hold up the writer's close (the thread is a daemon and ends after it)."""
         self._stop.set()
         if self._thread.is_alive():
-            self._thread.join(self._timeout_s)
+            self._thread.join(1.0)
 
     def _run(self) -> None:
         while not self._stop.wait(self.check_s):
