@@ -22,11 +22,11 @@ from infra.processes import ServerProcess
 @pytest.fixture
 def lc_config(kwal_config: KwalConfig) -> KwalConfig:
     """The Kafka WAL backend with short timeouts, on a broker that deletes records."""
-    from infra.doctor import probe
+    from infra.doctor import probe_one
 
     kwal_config.wal.backend = "kafka"
     kwal_config.wal.append_timeout_s = 10.0
-    feature = probe(kwal_config).delete_records
+    feature = probe_one(kwal_config, "delete_records")
     if not feature.works:
         pytest.skip(
             f"the broker lacks DeleteRecords (kwal doctor: {feature.status} {feature.detail}); "

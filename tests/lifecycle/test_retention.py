@@ -195,3 +195,30 @@ def test_a_stalled_checkpoint_loses_nothing_while_retention_comes_due(
     finally:
         rec.engine.close()
         log2.close()
+
+
+def test_the_retention_floor_raises_and_gives_back_the_operators_value(
+    lc_config: KwalConfig,
+) -> None:
+    """The floor's decisions on a real topic, with what is needed given directly: raised
+    to twice (age + headroom) while an entry is that old, the operator's value back once
+    nothing needed is (checkpoints caught up); -1 is never touched."""
+    from tn.logstore.kafka_backend.retention import SafeRetention
+    from tn.logstore.kafka_backend.retention_floor import RetentionFloor
+
+    cfg = lc_config
+    topic = cfg.topics.name("floor")
+    ensure_topics(cfg, [TopicSpec(topic, 1, {"retention.ms": "3000", "retention.bytes": "-1"})])
+    admin = AdminClient(cfg.kafka_client())
+    needed = [SafeRetention(0, 0, 2500, {0: 100})]  # an entry 2.5 s old above the point
+    floor = RetentionFloor(
+        admin, topic, lambda: needed[0], check_s=1.0, headroom_ms=1000, headroom_bytes=1 << 20
+    )
+    assert floor.check() == {"retention.ms": 7000}  # 2 x (2500 + 1000); bytes stay -1
+    assert read_retention(admin, topic).ms == 7000
+    assert floor.operator == {"retention.ms": 3000} and floor.raises == 1
+    assert floor.check() == {}  # 7000 > 2500 + 1000: nothing to do
+    needed[0] = SafeRetention(0, 0, 0, {})  # checkpointed: nothing needed
+    assert floor.check() == {"retention.ms": 3000}
+    assert read_retention(admin, topic).ms == 3000 and floor.operator == {}
+    assert floor.alarm == ""
