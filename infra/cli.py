@@ -73,6 +73,12 @@ def build_parser() -> argparse.ArgumentParser:
     brec.add_argument("--rows", type=int, default=1_000_000, help="rows checkpointed")
     brec.add_argument("--wal-entries", type=int, nargs="+", default=[10_000, 100_000],
                       help="WAL entries after the checkpoint, one run each")
+    brec.add_argument("--history", type=int, default=2_000,
+                      help="WAL entries truncated behind the 1x TN's checkpoint (10x: ten times)")
+    brec.add_argument("--tail", type=int, default=500,
+                      help="WAL entries after both TNs' checkpoints (restart_10x_vs_1x)")
+    brec.add_argument("--rounds", type=int, default=5,
+                      help="restarts of each TN for restart_10x_vs_1x (median)")
 
     bspark = _command(bench, "spark", "infra.bench.spark:run", "Spark CN rows/s vs raw decode")
     bspark.add_argument("--rows", type=int, default=200_000)

@@ -81,6 +81,13 @@ class WalConfig:
     group_max_bytes: int = 1 << 20
     window: int = 4096  # max LSN distance newest-issued ahead of oldest-unacknowledged
     append_timeout_s: float = 30.0
+    # the retention floor (tn/logstore/kafka_backend/retention_floor.py): how often the TN
+    # checks the WAL topic's retention against its un-checkpointed entries (0: never), and
+    # the headroom it keeps above their age / size (must exceed what one check interval,
+    # plus a slow broker answer, adds to them)
+    retention_floor_check_s: float = 5.0
+    retention_headroom_s: float = 60.0
+    retention_headroom_bytes: int = 256 << 20
 
 
 @dataclass

@@ -11,7 +11,10 @@
 8. kill the TN with SIGKILL mid-load and restart it; the services keep going;
 9. run the Spark CN (available-now) over the same logtail topics;
 10. stop the TN, rebuild its state from the WAL, and check that both CNs agree
-    with the TN at their watermarks; print a short report;
+    with the TN at their watermarks; take a last checkpoint of the rebuilt state
+    (it truncates the WAL); print a short report: among it the WAL as the broker
+    holds it (log-start and end offsets per partition, segment bytes on disk) at the
+    start, before and after that truncation, and the checkpoints taken;
 11. stop everything it started.
 """
 
@@ -43,6 +46,7 @@ TABLES = {
     "shop.stock": ([("sku", "int64"), ("qty", "int64")], "sku"),
 }
 HOT_SKUS = 5
+WAL_SEGMENT_MS = 2000
 
 
 def say(msg: str) -> None:
@@ -128,8 +132,9 @@ def run(args: Any, cfg: KwalConfig) -> int:
     cfg.wal.dir = str(workdir / "wal")
     cfg.tn.heartbeat_ms = 20
     cfg.tn.checkpoint_interval_s = 3.0
+    data_dir = Path(stack.broker_storage) if stack is not None and stack.broker == "kafka" else None
     try:
-        report = _demo(args, cfg, workdir)
+        report = _demo(args, cfg, workdir, data_dir)
         report["seconds"] = round(time.monotonic() - started, 1)
         say("report:")
         for k, v in report.items():
@@ -145,7 +150,47 @@ def run(args: Any, cfg: KwalConfig) -> int:
         shutil.rmtree(workdir, ignore_errors=True)
 
 
-def _demo(args: Any, cfg: KwalConfig, workdir: Path) -> dict[str, Any]:
+def wal_held(cfg: KwalConfig, data_dir: Path | None) -> tuple[str, int | None]:
+    """The WAL as the broker holds it: per partition, log-start and end offsets, and the
+    bytes of its segment files (where the broker is the demo's own Apache Kafka)."""
+    from confluent_kafka.admin import AdminClient
+
+    from infra.logsize import topic_size
+
+    parts = topic_size(AdminClient(cfg.kafka_client()), cfg.topics.wal, data_dir)
+    sizes = [p.bytes for p in parts if p.bytes is not None]
+    total = sum(sizes) if len(sizes) == len(parts) else None
+    offsets = " ".join(f"p{p.partition}: start {p.start} end {p.end}" for p in parts)
+    return offsets + (f", {total} bytes on disk" if total is not None else ""), total
+
+
+def _small_wal_segments(cfg: KwalConfig) -> None:
+    """DeleteRecords moves a partition's log-start offset at once, but the broker frees
+    disk only for whole segments below it: the demo rolls WAL segments every
+    WAL_SEGMENT_MS so that the truncated prefix leaves the disk within seconds."""
+    from confluent_kafka.admin import AdminClient
+
+    from tn.logstore.kafka_backend.retention import alter_topic_configs
+
+    alter_topic_configs(
+        AdminClient(cfg.kafka_client()), [cfg.topics.wal], {"segment.ms": WAL_SEGMENT_MS}
+    )
+
+
+def _wal_after_truncation(cfg: KwalConfig, data_dir: Path | None, before: int | None) -> str:
+    """The WAL once the broker deleted the segments below the new log-start offset (it
+    does at its next retention check); bounded wait, then as it is."""
+    deadline = time.monotonic() + 15.0
+    text, held = wal_held(cfg, data_dir)
+    while before is not None and held is not None and held >= before:
+        if time.monotonic() > deadline:
+            return text + " (segments below the log start not deleted within 15 s)"
+        time.sleep(0.5)
+        text, held = wal_held(cfg, data_dir)
+    return text
+
+
+def _demo(args: Any, cfg: KwalConfig, workdir: Path, data_dir: Path | None = None) -> dict[str, Any]:
     from consumers.core.cn import CN
     from infra.objectstore import open_store
     from producers import Client
@@ -176,6 +221,9 @@ def _demo(args: Any, cfg: KwalConfig, workdir: Path) -> dict[str, Any]:
             t.insert("shop.stock", [{"sku": s, "qty": 100} for s in range(HOT_SKUS)])
             t.commit(timeout=60)
         say(f"created {', '.join(TABLES)}")
+        if data_dir is not None:
+            _small_wal_segments(cfg)
+        report["wal_at_start"] = wal_held(cfg, data_dir)[0]
         store = open_store(cfg.objectstore)
         cn = CN(cfg, list(TABLES), store).start()
         cns["CN"] = cn
@@ -211,7 +259,14 @@ def _demo(args: Any, cfg: KwalConfig, workdir: Path) -> dict[str, Any]:
         say(f"a late CN bootstrapped from the checkpoint at ts {late.horizon} and caught up")
         report["late_cn_horizon"] = late.horizon
         spark_report = _spark_cn(cfg, workdir)
+        report["wal_before_truncation"], held = wal_held(cfg, data_dir)
         engine_ok, details = _compare(cfg, cns, spark_report)
+        report["wal_after_truncation"] = _wal_after_truncation(cfg, data_dir, held)
+        from tn.checkpoint.manifest import list_manifests
+
+        taken = list_manifests(store)
+        report["checkpoints_taken"] = len(taken)
+        report["checkpoint_lsns"] = " ".join(str(m.lsn) for m in taken)
         report.update(details)
         report["cn_watermark"] = cn_mark
         report["agree"] = engine_ok
@@ -251,8 +306,13 @@ def _spark_cn(cfg: KwalConfig, workdir: Path) -> dict[str, Any] | None:
     spark.sparkContext.setLogLevel("ERROR")
     try:
         topics = {name: cfg.topics.logtail(*name.split(".")) for name in TABLES}
+        # the TN truncates the logtail behind its checkpoints (physically on Apache Kafka):
+        # the job starts from the newest checkpoint in the TN's object store when its
+        # topics no longer start at offset 0
+        from infra.objectstore import open_store
+
         query = start_query(spark, cfg.bootstrap, cfg.topics.catalog, topics, str(output),
-                            trigger="available-now")
+                            trigger="available-now", store=open_store(cfg.objectstore))
         query.awaitTermination(300)
         tables = {}
         for name in TABLES:
@@ -273,7 +333,8 @@ def _compare(
     from tn.service.main import open_driver
 
     log = LogStore(open_driver(cfg))
-    engine = recover_from_config(log, cfg).engine
+    rec = recover_from_config(log, cfg)
+    engine = rec.engine
     details: dict[str, Any] = {}
     ok = True
     try:
@@ -294,6 +355,13 @@ def _compare(
                 same = spark_rows == s["rows"]
                 ok &= same
                 details[f"{name} spark"] = f"{len(s['rows'])} rows at {s['watermark']} {'agree' if same else 'DIFFER'}"
+        # a last checkpoint of the rebuilt state truncates the WAL through its end
+        runner = rec.runner()
+        last = runner.checkpoint()
+        runner.stop()
+        if last is not None:
+            say(f"final checkpoint at ts {last.ts}: WAL truncated through LSN {last.lsn} "
+                f"({getattr(log.driver, 'truncation_mode', 'file WAL')})")
     finally:
         engine.close()
         log.close()

@@ -74,7 +74,11 @@ def ensure_topics(
     1. list the cluster's topics (bounded wait);
     2. create the missing ones in one request; "already exists" from a racing
        creator counts as success;
-    3. check partition counts of those that existed (a WAL topic with fewer
+    3. wait (bounded) until the broker's metadata lists the created topics with their
+       partitions: CreateTopics returns once the controller has them, and a KRaft
+       broker's metadata cache can answer without them for a moment after (a driver
+       opening right after would see its WAL topic "missing");
+    4. check partition counts of those that existed (a WAL topic with fewer
        partitions than configured is an error: CreatePartitions is not
        available everywhere, so kwal never grows a topic silently).
     """
@@ -100,6 +104,7 @@ def ensure_topics(
             except KafkaException as e:
                 if "TOPIC_ALREADY_EXISTS" not in str(e) and "already exists" not in str(e):
                     raise TopicError(f"cannot create topic {name} on {cfg.bootstrap}: {e}") from e
+        _await_metadata(admin, [s.name for s in missing], timeout_s, cfg.bootstrap)
     for spec in specs:
         if spec in missing:
             continue
@@ -108,3 +113,26 @@ def ensure_topics(
             raise TopicError(
                 f"topic {spec.name} has {have} partitions, kwal is configured for {spec.partitions}"
             )
+
+
+def _await_metadata(admin: AdminClient, names: list[str], timeout_s: float, where: str) -> None:
+    """Step 3 of `ensure_topics`."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    todo = set(names)
+    while todo:
+        try:
+            md = admin.list_topics(timeout=max(0.5, deadline - time.monotonic()))
+        except KafkaException as e:
+            raise TopicError(f"cannot list topics on {where}: {e}") from e
+        todo = {
+            n
+            for n in todo
+            if n not in md.topics or md.topics[n].error is not None or not md.topics[n].partitions
+        }
+        if todo and time.monotonic() > deadline:
+            raise TopicError(f"topics {sorted(todo)} were created but not listed by {where} "
+                             f"within {timeout_s:.0f}s")
+        if todo:
+            time.sleep(0.05)

@@ -19,6 +19,10 @@ seconds) -- the driver also reads the pre-checkpoint records still in the topic
 `replay_apply_eps_<N>` = entries / seconds to decode and apply them;
 `raw_eps_<N>` = entries in the topic / raw consume seconds; `replay_vs_raw` =
 replay_eps / raw_eps at the largest N (target >= 0.5).
+
+(5) `restart_10x_vs_1x` (`restart_history`): restart time of a TN with ten times
+the WAL history truncated behind its newest checkpoint over one with one times,
+the same tail after it (target: about 1, <= 1.5).
 """
 
 from __future__ import annotations
@@ -35,11 +39,15 @@ from typing import Any
 
 import pyarrow as pa
 
+from infra.bench import restart_history
 from infra.bench.report import emit, ratio
 from infra.config import KwalConfig
 
 DEFAULT_ROWS = 1_000_000
 DEFAULT_ENTRIES = (10_000, 100_000)
+DEFAULT_HISTORY = 2_000  # entries behind the checkpoint of the "1x" TN (step 5)
+DEFAULT_TAIL = 500  # entries after it, both TNs
+DEFAULT_ROUNDS = 5  # restarts of each (the figure is the median)
 THREADS = 16
 ATTACH_ROWS = 16 * 8192
 
@@ -226,6 +234,16 @@ def run(args: argparse.Namespace, cfg: KwalConfig) -> int:
         result.pop("_probes", None)
         engine.close()
         log.close()
+        # (5) restart time against the history truncated behind the checkpoint
+        result.update(
+            restart_history.measure(
+                cfg,
+                Path(tmpdir) / "history",
+                int(getattr(args, "history", 0) or DEFAULT_HISTORY),
+                int(getattr(args, "tail", 0) or DEFAULT_TAIL),
+                rounds=int(getattr(args, "rounds", 0) or DEFAULT_ROUNDS),
+            )
+        )
         top = max(sizes)
         result["replay_vs_raw"] = result[f"replay_vs_raw_{top}"]
         result["target_met"] = result["replay_vs_raw"] >= 0.5
@@ -237,6 +255,9 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--rows", type=int, default=DEFAULT_ROWS)
     p.add_argument("--wal-entries", type=int, nargs="+", default=list(DEFAULT_ENTRIES))
+    p.add_argument("--history", type=int, default=DEFAULT_HISTORY)
+    p.add_argument("--tail", type=int, default=DEFAULT_TAIL)
+    p.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS)
     p.add_argument("--bootstrap")
     a = p.parse_args()
     cfg = KwalConfig.load()

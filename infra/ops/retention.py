@@ -13,8 +13,10 @@ Retention may never delete a record that is still needed:
 
 For each topic, 1. read retention.ms / retention.bytes (describe_configs);
 2. find the needed records' age and bytes (`kafka_backend.retention.safe_retention`,
-with its margin); 3. `check_retention`: a finite setting at or below the safe
-minimum is unsafe. `--check` exits 1 when any topic is unsafe (2 when it cannot
+with its margin) and the floor the TN's schedule needs (`schedule_floor`: what
+is needed now is not enough, since the records needed in one checkpoint
+interval are not written yet); 3. `_check`: a WAL that already misses needed
+entries, or a finite setting at or below either minimum, is unsafe. `--check` exits 1 when any topic is unsafe (2 when it cannot
 tell); `--set` applies new values (incremental_alter_configs) only when every
 topic is safe under them, and otherwise prints the computed safe minimum.
 """
@@ -26,7 +28,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from confluent_kafka import ConsumerGroupTopicPartitions, KafkaException, Message
-from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
+from confluent_kafka.admin import AdminClient
 
 from infra.config import KwalConfig
 from infra.ops.checkpoints import CheckpointInfo, last_checkpoint
@@ -44,12 +46,58 @@ from tn.logstore.kafka_backend.retention import (
     UNLIMITED,
     Retention,
     SafeRetention,
+    alter_topic_configs,
     check_retention,
     read_retention,
     safe_retention,
 )
 
 MARGIN = 2.0
+
+
+@dataclass(frozen=True)
+class Floor:
+    """The least retention the TN's own schedule needs, whatever the topic holds now."""
+
+    ms: int
+    bytes: int
+    why_ms: str
+    why_bytes: str
+
+
+def schedule_floor(cfg: KwalConfig, kind: str) -> Floor:
+    """A WAL entry waits up to one checkpoint interval (or `checkpoint_wal_bytes`) before a
+    checkpoint covers it, plus the retention floor's headroom (the TN raises retention
+    only when that headroom is reached). A logtail record is needed by a bootstrapping CN
+    from the PREVIOUS checkpoint's positions on (the TN truncates the logtail behind
+    them): up to two intervals. Both times the margin."""
+    interval_ms = int(cfg.tn.checkpoint_interval_s * 1000)
+    headroom_ms = int(cfg.wal.retention_headroom_s * 1000)
+    if kind == "wal":
+        return Floor(
+            ms=int(MARGIN * (interval_ms + headroom_ms)),
+            bytes=int(MARGIN * (cfg.tn.checkpoint_wal_bytes + cfg.wal.retention_headroom_bytes)),
+            why_ms=(
+                f"WAL entries wait up to tn.checkpoint_interval_s={cfg.tn.checkpoint_interval_s:g} "
+                f"s for a checkpoint, plus wal.retention_headroom_s={cfg.wal.retention_headroom_s:g}"
+                f" s before the TN raises retention; replay needs them until then"
+            ),
+            why_bytes=(
+                f"up to tn.checkpoint_wal_bytes={cfg.tn.checkpoint_wal_bytes} bytes of WAL wait "
+                f"for a checkpoint, plus wal.retention_headroom_bytes="
+                f"{cfg.wal.retention_headroom_bytes}; replay needs them until then"
+            ),
+        )
+    return Floor(
+        ms=int(MARGIN * 2 * interval_ms),
+        bytes=0,
+        why_ms=(
+            f"a bootstrapping CN reads from the previous checkpoint's positions, up to two "
+            f"checkpoint intervals (tn.checkpoint_interval_s={cfg.tn.checkpoint_interval_s:g} s)"
+            " old"
+        ),
+        why_bytes="",
+    )
 
 
 @dataclass
@@ -64,10 +112,13 @@ class TopicRetention:
     safe: bool | None = None  # None: cannot tell
     message: str = ""
     computed: SafeRetention | None = field(default=None, repr=False)
+    floor: Floor | None = field(default=None, repr=False)
+    lost: str = ""  # the WAL already misses entries it needs (why)
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
         d.pop("computed")
+        d.pop("floor")
         d["needed_from"] = {str(k): v for k, v in self.needed_from.items()}
         return d
 
@@ -123,7 +174,21 @@ def _logtail_infos(
 
 
 def _check(tr: TopicRetention, retention: Retention, safe: SafeRetention) -> tuple[bool, str]:
-    """(safe?, message) for one topic under `retention`."""
+    """(safe?, message) for one topic under `retention`: 1. entries already lost, 2. the
+    schedule's floor, 3. what the topic holds now (with margin)."""
+    if tr.lost:
+        return False, f"{tr.kind} topic {tr.topic} already misses entries replay needs: {tr.lost}"
+    floor = tr.floor
+    if floor is not None:
+        for setting, value, least, why in (
+            ("retention.ms", retention.ms, floor.ms, floor.why_ms),
+            ("retention.bytes", retention.bytes, floor.bytes, floor.why_bytes),
+        ):
+            if value != UNLIMITED and least and value <= least:
+                return False, (
+                    f"{tr.kind} topic {tr.topic}: {setting}={value} could delete records still "
+                    f"needed: {why} (with margin {MARGIN:g}: {setting} > {least}, or -1)"
+                )
     try:
         check = check_retention(tr.topic, retention, safe)
     except RetentionUnsafeError as e:
@@ -160,6 +225,7 @@ def assess(
             if info.max_lsn > scan.truncated:
                 needed[info.partition] = min(needed.get(info.partition, info.offset), info.offset)
         tr.needed_from = needed
+        tr.lost = scan.replay_error
         out.append(tr)
     for topic in logtail_topics(cfg, admin, timeout_s):
         tr = TopicRetention(topic, "logtail")
@@ -175,7 +241,10 @@ def assess(
         out.append(tr)
     for tr in out:
         safe = safes[tr.topic]
-        tr.min_ms, tr.min_bytes, tr.computed = safe.min_ms, safe.min_bytes, safe
+        tr.floor = schedule_floor(cfg, tr.kind)
+        tr.min_ms = max(safe.min_ms, tr.floor.ms)
+        tr.min_bytes = max(safe.min_bytes, tr.floor.bytes)
+        tr.computed = safe
         try:
             current = read_retention(admin, tr.topic, timeout_s)
         except (KafkaException, ValueError, TimeoutError) as e:
@@ -229,22 +298,9 @@ def parse_set(spec: str | None, ms: int | None, nbytes: int | None) -> dict[str,
 def apply_retention(
     admin: AdminClient, topics: list[str], values: dict[str, int], timeout_s: float
 ) -> None:
-    """Set `values` on `topics` (incremental_alter_configs); OpsError when the broker cannot."""
-    resources = [
-        ConfigResource(
-            ConfigResource.Type.TOPIC,
-            topic,
-            incremental_configs=[
-                ConfigEntry(name, str(value), incremental_operation=AlterConfigOpType.SET)
-                for name, value in values.items()
-            ],
-        )
-        for topic in topics
-    ]
+    """Set `values` on `topics`; OpsError when the broker cannot."""
     try:
-        futures = admin.incremental_alter_configs(resources, request_timeout=timeout_s)
-        for fut in futures.values():
-            fut.result(timeout=timeout_s)
+        alter_topic_configs(admin, topics, values, timeout_s)
     except KafkaException as e:
         raise OpsError(f"the broker did not alter topic configs: {e}") from e
 

@@ -69,6 +69,8 @@ def window_section(scan: WalScan, cfg: KwalConfig) -> dict[str, Any]:
         "limit": int(st.get("window", cfg.wal.window)),
         "age_s": round(age_s, 1),
         "stale": age_s > STATUS_FRESH_S or st.get("epoch", 0) != scan.epoch,
+        # the TN's retention floor (tn/logstore/kafka_backend/retention_floor.py)
+        "retention_floor": st.get("retention_floor"),
     }
     return out
 
@@ -205,6 +207,14 @@ def render(st: dict[str, Any]) -> str:
             f"In-flight window: {w['in_flight']} of {w['limit']} (last {w['last_lsn']}, acked "
             f"{w['acked_lsn']}, reported {w['age_s']}s ago{', STALE' if w['stale'] else ''})"
         )
+        floor = w.get("retention_floor")
+        if floor and (floor.get("raised") or floor.get("alarm")):
+            lines.append(
+                f"Retention floor: raised {floor['raised']} over the operator's "
+                f"{floor['operator']} (checkpoints are behind)"
+            )
+            if floor.get("alarm"):
+                lines.append(f"  ALARM: {floor['alarm']}")
     else:
         lines.append(f"In-flight window: {w['note']}")
     ck = st.get("checkpoint")

@@ -9,7 +9,8 @@ a record with a higher LSN moves the point up and a lower one is ignored. Steps:
    read-only (`walscan`): the current truncation point T and the recoverable log;
 2. refuse when the checkpoint's LSN C is above the log's contiguous end (the
    checkpoint would cover entries the WAL never held); nothing to do when C <= T;
-3. produce `truncated -> {"lsn": C}` on the meta topic (acks=all), then read the
+3. produce `truncated -> {"lsn": C, "offsets": ...}` on the meta topic (acks=all;
+   the offsets are step 4's prefixes, where a starting writer reads from), then read the
    meta topic up to that record's exact offset: when a writer recorded a higher
    point meanwhile, re-record that maximum so that the newest record of the key
    (the one compaction keeps) is never below the point (never backwards);
@@ -21,7 +22,6 @@ a record with a higher LSN moves the point up and a lower one is ignored. Steps:
 
 from __future__ import annotations
 
-import json
 import sys
 from typing import Any
 
@@ -33,21 +33,26 @@ from infra.ops.checkpoints import last_checkpoint
 from infra.ops.walscan import OpsError, WalScan, admin_for, scan_wal
 from tn.logstore.kafka_backend.exceptions import KafkaLogError
 from tn.logstore.kafka_backend.kio import read_until
-from tn.logstore.kafka_backend.meta import TRUNCATED_KEY, MetaState
+from tn.logstore.kafka_backend.meta import TRUNCATED_KEY, MetaState, truncation_value
 from tn.logstore.kafka_backend.replay import deletable_offsets
 
 
-def record_truncation(cfg: KwalConfig, lsn: int, timeout_s: float) -> int:
-    """Steps 3: advance the durable truncation point to at least `lsn`; return the point."""
+def record_truncation(
+    cfg: KwalConfig, lsn: int, timeout_s: float, offsets: dict[int, int] | None = None
+) -> int:
+    """Steps 3: advance the durable truncation point to at least `lsn`, with the offsets a
+    starting writer may read each partition from (`offsets`: valid for `lsn`); return the
+    point."""
     producer = Producer(cfg.kafka_client(acks="all", **{"linger.ms": 0}))
     topic = cfg.topics.wal_meta
+    starts = dict(offsets or {})
 
     def produce(value: int) -> int:
         out: list[Any] = []
         producer.produce(
             topic,
             key=TRUNCATED_KEY,
-            value=json.dumps({"lsn": value}, sort_keys=True).encode(),
+            value=truncation_value(value, starts),
             partition=0,
             on_delivery=lambda err, msg: out.append(err if err is not None else msg.offset()),
         )
@@ -69,6 +74,8 @@ def record_truncation(cfg: KwalConfig, lsn: int, timeout_s: float) -> int:
             f"the truncation point is recorded, but re-reading {topic} failed: {e}"
         ) from e
     if state.truncated > lsn:
+        for p, off in state.truncated_offsets.items():  # valid for the higher point too
+            starts[p] = max(starts.get(p, 0), off)
         produce(state.truncated)
     return max(state.truncated, lsn)
 
@@ -139,7 +146,12 @@ def run(args: Any, cfg: KwalConfig) -> int:
                 f"(last checkpoint covers LSN {ckpt.lsn}): nothing to do"
             )
             return 0
-        point = record_truncation(cfg, ckpt.lsn, timeout_s)
+        starts = {
+            p: off
+            for p, off in deletable_offsets(scan.infos, ckpt.lsn).items()
+            if off > 0
+        }
+        point = record_truncation(cfg, ckpt.lsn, timeout_s, starts)
         print(
             f"WAL {scan.topic}: truncation point {scan.truncated} -> {point} "
             f"(last checkpoint {ckpt.key}, LSN {ckpt.lsn})"

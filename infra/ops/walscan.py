@@ -352,7 +352,7 @@ def scan_wal(cfg: KwalConfig, timeout_s: float = 30.0) -> WalScan:
     for p in parts:
         by_part[p] = PartitionScan(p, 0, 0, 0)
     try:
-        ends = read_to_end(cfg, topic, parts, on_msg, timeout_s)
+        ends = read_to_end(cfg, topic, parts, on_msg, timeout_s, start=state.truncated_offsets)
     except KafkaException as e:
         raise OpsError(f"cannot read the WAL topic {topic}: {e}") from e
     for p, pe in ends.items():

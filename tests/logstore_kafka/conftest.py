@@ -27,21 +27,13 @@ class RawWal:
         self.producer = Producer(cfg.kafka_client(acks="all", **{"linger.ms": 0}))
 
     def entries(
-        self,
-        partition: int,
-        epoch: int,
-        first: int,
-        payloads: list[bytes],
-        acked: int = 0,
-        timestamp_ms: int = 0,
+        self, partition: int, epoch: int, first: int, payloads: list[bytes], acked: int = 0
     ) -> None:
-        """`timestamp_ms`: the record's CreateTime (0: now), to build an old entry."""
         self.producer.produce(
             self.cfg.topics.wal,
             value=encode_entries(payloads),
             partition=partition,
             headers=entries_headers(epoch, first, len(payloads), acked, f"raw{epoch}"),
-            timestamp=timestamp_ms,
         )
         assert self.producer.flush(10) == 0  # one at a time: positions are exactly as written
 

@@ -82,13 +82,13 @@ def status_json(cfg: KwalConfig, capsys: pytest.CaptureFixture[str]) -> dict[str
     return doc
 
 
-def set_wal_retention(cfg: KwalConfig, value: int, name: str = "retention.ms") -> None:
+def set_wal_retention(cfg: KwalConfig, ms: int) -> None:
     admin = AdminClient(cfg.kafka_client())
     res = ConfigResource(
         ConfigResource.Type.TOPIC,
         cfg.topics.wal,
         incremental_configs=[
-            ConfigEntry(name, str(value), incremental_operation=AlterConfigOpType.SET)
+            ConfigEntry("retention.ms", str(ms), incremental_operation=AlterConfigOpType.SET)
         ],
     )
     try:
@@ -200,14 +200,14 @@ def test_retention_check_fails_on_unsafe_and_passes_on_safe(
 ) -> None:
     write_entries(cfg, 20)
     assert ops_retention.run(args(), cfg) == 0  # -1: safe
-    # Unsafe by size, not by age: a retention.ms below the entries' age would let a broker
-    # that deletes (Apache Kafka, checking every second here) remove them before the check
-    # looks; retention.bytes never deletes a partition's only segment.
-    set_wal_retention(cfg, 100, "retention.bytes")
+    # below the floor the checkpoint schedule needs (2 x (60 s interval + 60 s headroom)),
+    # though the entries are younger than it: the ones written in the next interval count too
+    # (and it is long enough that the broker deletes nothing while the test runs)
+    set_wal_retention(cfg, 60_000)
     assert ops_retention.run(args(), cfg) == 1
     out = capsys.readouterr().out
-    assert "UNSAFE" in out and "retention.bytes=100" in out
-    set_wal_retention(cfg, -1, "retention.bytes")
+    assert "UNSAFE" in out and "retention.ms=60000" in out
+    assert "tn.checkpoint_interval_s=60" in out and "retention.ms > 240000" in out
     set_wal_retention(cfg, 7 * 24 * 3600 * 1000)
     assert ops_retention.run(args(), cfg) == 0
     set_wal_retention(cfg, -1)
@@ -219,7 +219,6 @@ def test_retention_set_refuses_unsafe_and_applies_safe(
 ) -> None:
     write_entries(cfg, 20)
     ensure_topics(cfg, [logtail_topic(cfg, "db", "t")])
-    time.sleep(1.2)
     capsys.readouterr()
     assert ops_retention.run(args(set="ms=1000"), cfg) == 1
     err = capsys.readouterr().err

@@ -10,14 +10,18 @@ Opening (recovery), numbered as `__init__` runs it:
    (their records after it are zombies) and, through the exact offsets their
    delivery reports give, mark the end of the log for step 5. The high
    watermark is never used: the embedded broker can report it wrongly;
-5. read every partition from its low watermark up to its marker, read the
+5. read every partition from the offset recorded with the truncation point
+   (or its low watermark, whichever is higher) up to its marker, read the
    truncation point again (a fenced writer may have truncated meanwhile), and
    replay (`replay.replay`: head skipped, zombies ignored, tail dropped);
 6. check the WAL topic's retention (`retention.check_retention`): refuse or
    warn per `retention_policy`;
 7. record this epoch's base (the recovered last LSN) on the meta topic, then
    accept appends at base + 1, and watch the meta topic for a newer epoch
-   (which fails this writer with `FencedError`).
+   (which fails this writer with `FencedError`);
+8. start the retention floor (`retention_floor`): a finite retention is held
+   above the age and size of the entries not yet checkpointed, so a stalled
+   checkpoint never lets Kafka delete them.
 
 End of log: a starting writer never trusts the high watermark (the embedded
 broker can report the last batch's base offset + 1). Its own epoch marker, produced
@@ -41,11 +45,13 @@ entries' outcome is unknown (one may be durable and is replayed by the next
 open); the owner reopens the log: a new driver, a new epoch. The TN does that
 by itself (`tn.service.main`).
 
-`truncate(lsn)`: (1) record the point on the meta topic (durable), (2) forget
-entries <= lsn, (3) per partition, DeleteRecords only up to the last offset
-whose records hold LSNs all <= lsn, and only when the broker supports it;
-otherwise truncation is logical only, logged once and shown in
-`truncation_mode` / `truncation_note` (for `kwal ops status`).
+`truncate(lsn)`: (1) per partition, find the offset before which every record
+holds only LSNs <= lsn (seed 004's rule), (2) record the point and those
+offsets on the meta topic (durable), (3) forget entries <= lsn, (4)
+DeleteRecords up to those offsets where the broker supports it; otherwise
+truncation is logical only, logged once and shown in `truncation_mode` /
+`truncation_note` (for `kwal ops status`). Either way a starting writer reads
+each partition from the recorded offset (step 5 of opening), never from 0.
 """
 
 from __future__ import annotations
@@ -91,10 +97,12 @@ from tn.logstore.kafka_backend.replay import (
     replay,
 )
 from tn.logstore.kafka_backend.retention import (
+    SafeRetention,
     check_retention,
     read_retention,
     safe_retention,
 )
+from tn.logstore.kafka_backend.retention_floor import RetentionFloor
 from tn.logstore.kafka_backend.writer import GroupWriter, WriterSettings
 
 log = logging.getLogger(__name__)
@@ -194,7 +202,11 @@ class KafkaDriver(LogDriver):
         # 5. read and replay. The truncation point is read again after the WAL: a writer
         # still running (about to be fenced) may have truncated, and physically deleted,
         # after our claim; its point is durable before any deletion, so it is seen here.
-        stored = list(self._read_wal(ends))
+        self.replay_start: dict[int, int] = {
+            p: state.truncated_offsets.get(p, 0) for p in self.partitions
+        }
+        stored = list(self._read_wal(ends, self.replay_start))
+        self.records_read = len(stored)
         truncated, newest = self._meta.latest_truncation(self.writer_id)
         if newest > self.epoch:
             raise FencedError(f"epoch {newest} was claimed while epoch {self.epoch} was opening")
@@ -222,7 +234,9 @@ class KafkaDriver(LogDriver):
         self._deletes = deletes_records(cfg, "WAL") if delete_records is None else delete_records
         self.truncation_mode = "physical" if self._deletes else "logical"
         self._deleter = RecordDeleter(self._timeout, retried="at the next truncate")
-        self._delete_target: dict[int, int] = {}
+        self._delete_target: dict[int, int] = {
+            p: off for p, off in self.replay_start.items() if off > 0
+        }
         self._writer = GroupWriter(
             self._producer,
             self.topic,
@@ -243,10 +257,23 @@ class KafkaDriver(LogDriver):
         self._watcher = MetaWatcher(
             self._reader_base, cfg.topics.wal_meta, claim_offset + 1, self.epoch, self._on_fenced
         )
+        # 8. the retention floor, for the writer's whole life
+        self.retention_floor: RetentionFloor | None = None
+        if cfg.wal.retention_floor_check_s > 0:
+            self.retention_floor = RetentionFloor(
+                self._admin,
+                self.topic,
+                self.needed_retention,
+                check_s=cfg.wal.retention_floor_check_s,
+                headroom_ms=int(cfg.wal.retention_headroom_s * 1000),
+                headroom_bytes=cfg.wal.retention_headroom_bytes,
+                timeout_s=self._open_timeout,
+            ).start()
 
-    def _read_wal(self, ends: dict[int, int]) -> list[StoredRecord]:
+    def _read_wal(self, ends: dict[int, int], starts: dict[int, int]) -> list[StoredRecord]:
         out: list[StoredRecord] = []
-        for msg in read_until(self._reader_base, self.topic, ends, self._open_timeout):
+        reader = read_until(self._reader_base, self.topic, ends, self._open_timeout, starts)
+        for msg in reader:
             try:
                 header = decode_headers(msg.headers())
                 value = msg.value() or b""
@@ -401,32 +428,34 @@ class KafkaDriver(LogDriver):
         acked = self._writer.acked
         if lsn > acked:
             raise ValueError(f"cannot truncate to {lsn}: only {acked} is acknowledged")
-        # 1. durable logical point
-        self._meta.record_truncation(lsn)
-        # 2. forget
+        # 1. the disposable prefix per partition (it only grows: merged with the last one)
+        with self._writer.lock():
+            infos = self._infos + list(self._writer.records)
+        plan = self.physical_truncation_plan(infos, lsn)
+        target = dict(self._delete_target)
+        for p, off in plan.items():
+            target[p] = max(target.get(p, 0), off)
+        # 2. durable logical point, with the offsets a starting writer reads from
+        self._meta.record_truncation(lsn, target)
+        # 3. forget
         self._truncated = lsn
         for k in [k for k in self._cache if k <= lsn]:
             del self._cache[k]
         with self._writer.lock():
+            self._delete_target = target
             self._segments = [s for s in self._segments if s.last > lsn]
             self._writer.segments[:] = [s for s in self._writer.segments if s.last > lsn]
-            infos = self._infos + list(self._writer.records)
-        # 3. physical, where the broker can
-        plan = self.physical_truncation_plan(infos, lsn)
-        with self._writer.lock():
-            # the disposable prefix only grows: forget it (a later plan starts past it)
-            for p, off in plan.items():
-                self._delete_target[p] = max(self._delete_target.get(p, 0), off)
-            target = dict(self._delete_target)
             self._infos = [i for i in self._infos if i.offset >= target.get(i.partition, 0)]
             self._writer.records[:] = [
                 i for i in self._writer.records if i.offset >= target.get(i.partition, 0)
             ]
+        # 4. physical, where the broker can
         if not self._deletes:
             if not self.truncation_note:
                 self.truncation_note = (
                     f"the broker at {self.cfg.bootstrap} lacks DeleteRecords: WAL truncation is "
-                    "logical only (the truncation point is on the meta topic; records stay)"
+                    "logical only (the truncation point is on the meta topic; records stay, and "
+                    "a starting writer reads from the recorded offsets)"
                 )
                 log.warning("%s", self.truncation_note)
             return
@@ -436,6 +465,11 @@ class KafkaDriver(LogDriver):
     def physical_truncation_plan(infos: list[RecordInfo], lsn: int) -> dict[int, int]:
         """Per partition, the offset DeleteRecords may delete before (seed 004's rule)."""
         return deletable_offsets(infos, lsn)
+
+    def needed_retention(self) -> SafeRetention:
+        """The age and bytes of what retention must keep now (no margin): every record
+        holding an entry above the truncation point."""
+        return safe_retention(self.records_map(), self._truncated, margin=1.0)
 
     def records_map(self) -> list[RecordInfo]:
         """Every record this driver knows of: (partition, offset) -> max LSN, time, size."""
@@ -456,6 +490,9 @@ class KafkaDriver(LogDriver):
             "truncation_mode": self.truncation_mode,
             "truncation_note": self.truncation_note,
             "retention_warning": self.retention_warning,
+            "retention_floor": (
+                self.retention_floor.status() if self.retention_floor is not None else None
+            ),
             "failure": str(failure) if failure is not None else "",
         }
 
@@ -463,6 +500,8 @@ class KafkaDriver(LogDriver):
         if self._closed:
             return
         self._closed = True
+        if self.retention_floor is not None:
+            self.retention_floor.stop()
         self._writer.close(self._timeout)
         self._watcher.stop()
         self._pump.stop()

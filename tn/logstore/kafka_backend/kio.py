@@ -190,19 +190,28 @@ def reader_conf(base: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def read_until(
-    conf: Mapping[str, Any], topic: str, ends: Mapping[int, int], timeout_s: float
+    conf: Mapping[str, Any],
+    topic: str,
+    ends: Mapping[int, int],
+    timeout_s: float,
+    starts: Mapping[int, int] | None = None,
 ) -> Iterator[Message]:
-    """Yield every record of `topic` with offset < ends[p], per partition in offset order.
+    """Yield every record of `topic` with starts[p] <= offset < ends[p], per partition in
+    offset order.
 
-    Partitions are read from their low watermark. Bounded: `ReplayTimeoutError`
-    when the ends are not reached within `timeout_s`.
+    Partitions are read from `starts[p]` or, where absent (or already deleted), from
+    their low watermark. Bounded: `ReplayTimeoutError` when the ends are not reached
+    within `timeout_s`.
     """
-    todo = {p: end for p, end in ends.items() if end > 0}
+    first = dict(starts or {})
+    todo = {p: end for p, end in ends.items() if end > max(0, first.get(p, 0))}
     if not todo:
         return
     consumer = Consumer(reader_conf(conf))
     try:
-        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in todo])
+        consumer.assign(
+            [TopicPartition(topic, p, first.get(p) or OFFSET_BEGINNING) for p in todo]
+        )
         deadline = time.monotonic() + timeout_s
         while todo:
             if time.monotonic() > deadline:
@@ -220,7 +229,7 @@ def read_until(
                 off = int(msg.offset() or 0)
                 if end is None:
                     continue
-                if off < end:
+                if first.get(p, 0) <= off < end:
                     yield msg
                 if off + 1 >= end:
                     del todo[p]

@@ -9,8 +9,13 @@ JSON value):
 - `base/<n>` -> `{"epoch": n, "writer": w, "base": b}`: the LSN the winner of
   epoch n recovered to (its replay's contiguous end). Entries an older epoch
   wrote above `b` are never part of the log.
-- `truncated` -> `{"lsn": t}`: the logical truncation point (monotonic: the
-  reader takes the maximum it sees).
+- `truncated` -> `{"lsn": t, "offsets": {"<partition>": o}}`: the logical
+  truncation point (monotonic: the reader takes the maximum it sees) and, per
+  WAL partition, the offset before which every record holds only LSNs <= t
+  (`replay.deletable_offsets`). A starting writer reads each partition from
+  there (never from offset 0), whether or not the broker deleted the prefix;
+  the reader takes each partition's maximum (every recorded offset is valid
+  for the highest point). Records without `offsets` (older writers) mean 0.
 - `sync/<writer>` -> `{"writer": w}`: an end marker for a re-read (ignored).
 
 Claiming an epoch (`claim_epoch`), numbered as the driver runs it:
@@ -41,6 +46,7 @@ class MetaState:
     """What the meta topic says, as read up to some offset."""
 
     truncated: int = 0
+    truncated_offsets: dict[int, int] = field(default_factory=dict)  # partition -> read from
     claims: dict[int, str] = field(default_factory=dict)  # epoch -> winning writer
     bases: dict[int, int] = field(default_factory=dict)  # epoch -> recovered base (winner's)
     max_epoch: int = 0
@@ -55,6 +61,9 @@ class MetaState:
             return
         if key == TRUNCATED_KEY:
             self.truncated = max(self.truncated, int(doc["lsn"]))
+            for p, off in (doc.get("offsets") or {}).items():
+                part = int(p)
+                self.truncated_offsets[part] = max(self.truncated_offsets.get(part, 0), int(off))
         elif key.startswith(b"epoch/"):
             epoch = int(doc["epoch"])
             self.claims.setdefault(epoch, str(doc["writer"]))
@@ -67,6 +76,11 @@ class MetaState:
 
 def _dumps(doc: Mapping[str, Any]) -> bytes:
     return json.dumps(doc, sort_keys=True).encode()
+
+
+def truncation_value(lsn: int, offsets: Mapping[int, int]) -> bytes:
+    """The `truncated` record's value: the point and the per-partition read-from offsets."""
+    return _dumps({"lsn": lsn, "offsets": {str(p): int(o) for p, o in sorted(offsets.items())}})
 
 
 class MetaLog:
@@ -132,11 +146,11 @@ class MetaLog:
             partition=0,
         )
 
-    def record_truncation(self, lsn: int) -> None:
+    def record_truncation(self, lsn: int, offsets: Mapping[int, int]) -> None:
         produce_wait(
             self._producer,
             self.topic,
-            _dumps({"lsn": lsn}),
+            truncation_value(lsn, offsets),
             self._timeout_s,
             key=TRUNCATED_KEY,
             partition=0,

@@ -32,7 +32,10 @@ Steps, numbered as `replay()` runs them:
 3. skip entries <= T (head), keep the first copy of each LSN (a producer
    retry can duplicate a record);
 4. take the gap-free run from T+1; the rest is the dropped tail;
-5. check the `acked` headers against the run's end.
+5. check the `acked` headers against the run's end;
+6. check every recorded base against it too: when retention deleted every
+   record above T, no `acked` header is left to tell, but a later writer's
+   base still says how far the log once reached.
 """
 
 from __future__ import annotations
@@ -166,6 +169,15 @@ def replay(
             f"a WAL record says LSN {result.max_acked} was acknowledged, but the log holds a "
             f"gap-free run only through {result.last_lsn} (truncation point {truncated}); "
             "entries were deleted (retention?) — refusing to replay a shortened log"
+        )
+    # 6. so must every earlier writer's recovered base (the records that said so may be gone)
+    recorded = max(bases.values(), default=0)
+    if recorded > result.last_lsn:
+        raise AcknowledgedEntryLostError(
+            f"an earlier writer recovered the log through LSN {recorded} (its base on the meta "
+            f"topic), but the log holds a gap-free run only through {result.last_lsn} "
+            f"(truncation point {truncated}); entries were deleted (retention?) — refusing to "
+            "replay a shortened log"
         )
     return result
 
