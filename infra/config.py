@@ -132,7 +132,8 @@ class KwalConfig:
     def with_bootstrap(self, bootstrap: str) -> KwalConfig:
         kafka = dict(self.kafka)
         kafka["bootstrap.servers"] = bootstrap
-        return dataclasses.replace(self, kafka=kafka)
+        # named in code: a running `kwal up` stack must not redirect it (infra.stack.apply_stack)
+        return dataclasses.replace(self, kafka=kafka, bootstrap_explicit=True)
 
     def to_env(self) -> dict[str, str]:
         """This config as `KWAL_*` environment variables (for child processes):
