@@ -34,6 +34,10 @@ class TopicsConfig:
     prefix: str = "kwal"
     wal_partitions: int = 1
     replication_factor: int = 1
+    requests_retention_ms: int = 7 * 24 * 3600 * 1000  # requests and results topics
+    # how often the catalog/logtail topics' active segment rolls: the log cleaner
+    # compacts their heartbeats away in closed segments only (infra.topics)
+    logtail_segment_ms: int = 10 * 60 * 1000
 
     def name(self, role: str) -> str:
         return f"{self.prefix}.{role}"
@@ -92,7 +96,7 @@ class WalConfig:
 
 @dataclass
 class TnConfig:
-    heartbeat_ms: int = 50
+    heartbeat_ms: int = 200  # an idle table's watermark lags by at most this (tn.logtail.heartbeat)
     checkpoint_interval_s: float = 60.0
     checkpoint_wal_bytes: int = 256 << 20
     max_request_bytes: int = 8 << 20
@@ -143,7 +147,13 @@ class KwalConfig:
         to critical by default: kwal reports failures itself, once, with the
         address. Set `log_level` in `[kafka]` (0-7) to see them again.
         """
-        conf: dict[str, Any] = {"log_level": 2, "log.connection.close": False}
+        # Never let the broker create a topic on a client's behalf, with its own defaults:
+        # every topic kwal uses is created by infra.topics with the settings it needs.
+        conf: dict[str, Any] = {
+            "log_level": 2,
+            "log.connection.close": False,
+            "allow.auto.create.topics": False,
+        }
         conf.update(self.kafka)
         conf.update(overrides)
         return conf
@@ -151,7 +161,8 @@ class KwalConfig:
     def with_bootstrap(self, bootstrap: str) -> KwalConfig:
         kafka = dict(self.kafka)
         kafka["bootstrap.servers"] = bootstrap
-        return dataclasses.replace(self, kafka=kafka)
+        # named in code: a running `kwal up` stack must not redirect it (infra.stack.apply_stack)
+        return dataclasses.replace(self, kafka=kafka, bootstrap_explicit=True)
 
     def to_env(self) -> dict[str, str]:
         """This config as `KWAL_*` environment variables (for child processes):

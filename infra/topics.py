@@ -1,18 +1,32 @@
 """Create and verify kwal's topics, with explicit configs; idempotent.
 
-| role               | partitions          | cleanup  | why                                      |
-|--------------------|---------------------|----------|------------------------------------------|
-| requests           | 1                   | delete   | TxnRequest records from producers        |
-| results            | 1                   | delete   | TxnResult records, keyed by request id   |
-| wal                | topics.wal_partitions | delete | the WAL; retention -1: only truncation   |
-|                    |                     |          | (after a checkpoint) may remove entries  |
-| wal-meta           | 1                   | compact  | truncation point and writer epoch        |
-| catalog            | 1                   | delete   | DDL logtail                              |
-| logtail.<db>.<tbl> | 1                   | delete   | one per table, created on CREATE TABLE   |
+Every topic kwal produces to is declared here and created by `ensure_topics` before
+anything is written to it; kwal's clients also ask the broker never to create a topic
+on their behalf (`allow.auto.create.topics=false`, infra.config), so a topic the broker
+would make with its own defaults (partitions, cleanup, retention) is an error instead.
 
-The WAL and logtail topics are created with retention.ms = retention.bytes = -1:
-nothing is deleted by time or size until an operator sets a retention that
-`kwal ops retention --check` calls safe. Topics that carry rows (requests, WAL,
+| role               | partitions            | cleanup        | retention                     |
+|--------------------|-----------------------|----------------|-------------------------------|
+| requests           | 1                     | delete         | topics.requests_retention_ms  |
+| results            | 1                     | delete         | topics.requests_retention_ms  |
+| wal                | topics.wal_partitions | delete         | -1: only truncation (after a  |
+|                    |                       |                | checkpoint) removes entries   |
+| wal-meta           | 1                     | compact        | latest truncation point/epoch |
+| catalog            | 1                     | compact,delete | -1 (+ heartbeats compacted)   |
+| logtail.<db>.<tbl> | 1                     | compact,delete | -1 (+ heartbeats compacted)   |
+
+The catalog and logtail topics: every record has a key of its own except heartbeats,
+which all share one key (`schemas.logtail.HEARTBEAT_KEY`). Compaction therefore keeps
+every change, DDL, block-meta and checkpoint record and only the newest heartbeat of
+each topic (a heartbeat is a state, "every change up to ts H is before me", and the
+newest one supersedes the others); `delete` with retention -1 deletes nothing by time
+or size but lets the TN truncate below a checkpoint (DeleteRecords needs `delete` in
+the policy). The log cleaner works on closed segments only: `segment.ms` rolls the
+active segment every `topics.logtail_segment_ms`, and `max.compaction.lag.ms` (the
+same) makes the cleaner take a rolled segment even when the topic's dirty ratio is
+low. System tables (`kwal_system.*`) have no topic: their changes are never pushed.
+Retention of the WAL and logtail topics may be set later by an operator, only to a
+value `kwal ops retention --check` calls safe. Topics that carry rows (requests, WAL,
 catalog, logtail) take records up to `cfg.max_record_bytes` (`max.message.bytes`;
 brokers default to ~1 MB).
 """
@@ -47,19 +61,43 @@ def _rows(cfg: KwalConfig, config: dict[str, str]) -> dict[str, str]:
     return {**config, "max.message.bytes": str(cfg.max_record_bytes)}
 
 
+def _bounded(ms: int) -> dict[str, str]:
+    return {"cleanup.policy": "delete", "retention.ms": str(ms), "retention.bytes": "-1"}
+
+
+def _logtail_config(cfg: KwalConfig) -> dict[str, str]:
+    roll = str(cfg.topics.logtail_segment_ms)
+    return {
+        "cleanup.policy": "compact,delete",
+        "retention.ms": "-1",
+        "retention.bytes": "-1",
+        "segment.ms": roll,
+        "max.compaction.lag.ms": roll,
+        "min.compaction.lag.ms": "0",
+    }
+
+
+def wal_topics(cfg: KwalConfig) -> list[TopicSpec]:
+    """The WAL and its meta topic (what the Kafka log backend needs)."""
+    t = cfg.topics
+    return [
+        TopicSpec(t.wal, t.wal_partitions, _rows(cfg, KEEP_FOREVER)),
+        TopicSpec(t.wal_meta, 1, {"cleanup.policy": "compact"}),
+    ]
+
+
 def core_topics(cfg: KwalConfig) -> list[TopicSpec]:
     t = cfg.topics
     return [
-        TopicSpec(t.requests, 1, _rows(cfg, {"cleanup.policy": "delete"})),
-        TopicSpec(t.results, 1, {"cleanup.policy": "delete"}),
-        TopicSpec(t.wal, t.wal_partitions, _rows(cfg, KEEP_FOREVER)),
-        TopicSpec(t.wal_meta, 1, {"cleanup.policy": "compact"}),
-        TopicSpec(t.catalog, 1, _rows(cfg, KEEP_FOREVER)),
+        TopicSpec(t.requests, 1, _rows(cfg, _bounded(t.requests_retention_ms))),
+        TopicSpec(t.results, 1, _bounded(t.requests_retention_ms)),
+        *wal_topics(cfg),
+        TopicSpec(t.catalog, 1, _rows(cfg, _logtail_config(cfg))),
     ]
 
 
 def logtail_topic(cfg: KwalConfig, database: str, table: str) -> TopicSpec:
-    return TopicSpec(cfg.topics.logtail(database, table), 1, _rows(cfg, KEEP_FOREVER))
+    return TopicSpec(cfg.topics.logtail(database, table), 1, _rows(cfg, _logtail_config(cfg)))
 
 
 def admin_client(cfg: KwalConfig) -> AdminClient:

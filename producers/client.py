@@ -38,6 +38,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from infra.config import KwalConfig
 from infra.kafka_io import FETCH_WAIT_MS, poll_batch
 from infra.queues import drain
+from infra.stack import apply_stack
 from producers.exceptions import (
     ClientClosedError,
     ProducerError,
@@ -315,6 +316,9 @@ class Client:
     def __init__(
         self, cfg: KwalConfig, client_id: str | None = None, *, start_timeout_s: float = 15.0
     ) -> None:
+        # Like the command line: a config that names no Kafka address (no file, no
+        # KWAL_BOOTSTRAP, no with_bootstrap) uses the running `kwal up` stack's.
+        cfg = apply_stack(cfg, explicit_bootstrap=cfg.bootstrap_explicit)
         self.cfg = cfg
         self.client_id = client_id or f"client-{uuid.uuid4().hex[:12]}"
         self._shared = _SharedProducer.get(cfg)

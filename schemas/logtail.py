@@ -28,6 +28,10 @@ from schemas.codec import decode_record, encode_record
 from schemas.wal import ColumnDef, ColumnType, TableSchema
 
 LOGTAIL = "logtail"
+# The Kafka key of every heartbeat; every other record's key is unique (`record_key`).
+# The catalog and logtail topics are compacted (infra.topics): only the newest heartbeat
+# of a topic survives the log cleaner, every other record is kept.
+HEARTBEAT_KEY = b"kwal.heartbeat"
 ROW_ID = "__row_id"
 COMMIT_TS = "__commit_ts"
 _OFFSET_BITS = 16
@@ -169,6 +173,12 @@ def _body_in(name: str, d: dict[str, Any]) -> Body:
     if kind == "Catalog":
         return Catalog(CatalogOp(d["op"]), d["db_id"], _schema_in(d["schema"]))
     raise ValueError(f"unknown logtail body type {name!r}")
+
+
+def record_key(record: LogtailRecord, unique: bytes) -> bytes:
+    """The Kafka key of a logtail record: `HEARTBEAT_KEY` for a heartbeat, else `unique`
+    (a key no other record of the topic has, such as `<producer id>:<sequence>`)."""
+    return HEARTBEAT_KEY if isinstance(record.body, Heartbeat) else unique
 
 
 def encode_logtail(record: LogtailRecord) -> bytes:

@@ -272,6 +272,14 @@ def newest_checkpoint(store: ObjectStore) -> tuple[Manifest, CatalogSnapshot] | 
         ) from e
 
 
+def _end(consumer: Consumer, topic: str, deadline: float) -> int:
+    """The high watermark of a one-partition topic (0 when it has no records)."""
+    _low, high = consumer.get_watermark_offsets(
+        TopicPartition(topic, 0), timeout=max(0.5, deadline - time.monotonic())
+    )
+    return max(0, high)
+
+
 def _no_store(key: str) -> bytes:
     raise TableNotFoundError(f"block object {key} is needed but this CN has no object store")
 
@@ -455,6 +463,35 @@ class CN(CNCore):
             self.watermark(),
         )
         self._consumer.assign([TopicPartition(t, 0, o) for t, o in self.positions.items()])
+
+    def catch_up(self, timeout_s: float = 30.0) -> bool:
+        """Wait until this CN has read every record its topics held when called: first the
+        catalog topic up to its end (so that every subscribed table created by then is
+        followed), then each followed table topic up to its end. False on timeout.
+
+        What `kwal cn query` waits for before it answers at the watermark: a watermark of
+        a CN still reading the backlog would be an old ts."""
+        assert self._consumer is not None, "start() the CN first"
+        deadline = time.monotonic() + timeout_s
+        probe = Consumer(self.cfg.kafka_client(**{"group.id": f"{self.group_id}.catch-up"}))
+        try:
+            catalog = self.cfg.topics.catalog
+            if not self._reach({catalog: _end(probe, catalog, deadline)}, deadline):
+                return False
+            with self._lock:
+                topics = list(self._topic_table)
+            return self._reach({t: _end(probe, t, deadline) for t in topics}, deadline)
+        finally:
+            probe.close()
+
+    def _reach(self, ends: dict[str, int], deadline: float) -> bool:
+        with self._lock:
+            while any(self.positions.get(t, 0) < end for t, end in ends.items()):
+                left = deadline - time.monotonic()
+                if left <= 0 or self._stop.is_set():
+                    return False
+                self._lock.wait(min(left, 0.1))
+            return True
 
     def close(self) -> None:
         self._stop.set()

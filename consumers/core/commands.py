@@ -7,7 +7,7 @@ import sys
 import time
 from typing import Any
 
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from consumers.core.cn import CN
 from consumers.core.exceptions import CNError
@@ -68,21 +68,31 @@ def run_tail(args: Any, cfg: KwalConfig) -> int:
 
 
 def run_query(args: Any, cfg: KwalConfig) -> int:
+    """The table as of `--ts`, or, without it, as of the watermark the CN reaches once it
+    has read everything its topics held at the start (`CN.catch_up`)."""
     store = open_store(cfg.objectstore)
     cn = CN(cfg, [args.table], store).start()
+    ts: int | None = args.ts or None
     try:
-        ts = args.ts
-        if not cn.wait_for(ts or 1, args.table, timeout_s=args.timeout):
-            print(f"kwal cn query: {args.table} did not reach ts {ts} within {args.timeout}s "
+        if ts is None:
+            reached = cn.catch_up(args.timeout)
+            target = "the end of its topics"
+        else:
+            reached = cn.wait_for(ts, args.table, timeout_s=args.timeout)
+            target = f"ts {ts}"
+        if not reached:
+            print(f"kwal cn query: {args.table} did not reach {target} within {args.timeout}s "
                   f"(watermark {cn.watermark(args.table)})", file=sys.stderr)
             return 1
+        if ts is None:
+            ts = cn.watermark(args.table)
         snap = cn.snapshot(args.table, ts)
-    except CNError as e:
+    except (CNError, KafkaException) as e:
         print(f"kwal cn query: {e}", file=sys.stderr)
         return 1
     finally:
         cn.close()
     for row in snap.to_pylist():
         print(json.dumps(row, default=str) if getattr(args, "json", False) else row)
-    print(f"({snap.num_rows} rows as of ts {ts if ts else cn.watermark(args.table)})", file=sys.stderr)
+    print(f"({snap.num_rows} rows as of ts {ts})", file=sys.stderr)
     return 0

@@ -142,10 +142,10 @@ def test_a_record_acknowledged_without_an_offset_is_produced_again_outside_the_c
         finally:
             in_callback.on = False
 
-    def produce(self: LogtailPublisher, t: str, value: bytes) -> None:
+    def produce(self: LogtailPublisher, t: str, key: bytes, value: bytes) -> None:
         if getattr(in_callback, "on", False):
             produced_in_callback.append(t)
-        real_produce(self, t, value)
+        real_produce(self, t, key, value)
 
     monkeypatch.setattr(LogtailPublisher, "_delivered", delivered)
     monkeypatch.setattr(LogtailPublisher, "_produce_value", produce)

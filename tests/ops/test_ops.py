@@ -22,7 +22,7 @@ from infra.ops import status as ops_status
 from infra.ops import truncate as ops_truncate
 from infra.ops.walscan import scan_wal
 from infra.topics import ensure_topics, logtail_topic
-from schemas.logtail import Heartbeat, LogtailRecord, encode_logtail
+from schemas.logtail import HEARTBEAT_KEY, Heartbeat, LogtailRecord, encode_logtail
 from tn.checkpoint.manifest import Manifest
 from tn.logstore.driver import LogStore
 from tn.logstore.kafka_backend import KafkaDriver
@@ -162,8 +162,10 @@ def test_status_shows_cn_lag_and_the_checkpoint(
 
     def heartbeats(first: int, n: int) -> None:
         for ts in range(first, first + n):
-            producer.produce(
-                cfg.topics.catalog, encode_logtail(LogtailRecord("", "", ts, Heartbeat()))
+            producer.produce(  # the catalog topic is compacted: records need keys
+                cfg.topics.catalog,
+                encode_logtail(LogtailRecord("", "", ts, Heartbeat())),
+                HEARTBEAT_KEY,
             )
         assert producer.flush(10) == 0
 

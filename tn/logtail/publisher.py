@@ -27,6 +27,12 @@
    higher offset). So the manifest's offsets are where a CN bootstrapping from
    that checkpoint starts following (consumers.core.cn), and all below them
    may be truncated once a later checkpoint exists.
+6. Keys: a heartbeat's is `HEARTBEAT_KEY`, every other record's is unique
+   (`<publisher id>:<n>`). The catalog and table topics are compacted
+   (infra.topics): the log cleaner keeps only a topic's newest heartbeat, so
+   heartbeats stay out of the topics' long-term retention while readers still
+   see one after the last change. A record produced again keeps its key, so
+   both copies stay (CNs drop the repeat by LSN, as before).
 """
 
 from __future__ import annotations
@@ -35,6 +41,8 @@ import logging
 import queue
 import threading
 import time
+import uuid
+from itertools import count
 from typing import Any
 
 from confluent_kafka import KafkaError, Producer
@@ -42,8 +50,16 @@ from confluent_kafka import KafkaError, Producer
 from infra.config import KwalConfig
 from infra.queues import drain
 from infra.topics import ensure_topics, logtail_topic
-from schemas.logtail import Catalog, CatalogOp, Heartbeat, LogtailRecord, encode_logtail
+from schemas.logtail import (
+    Catalog,
+    CatalogOp,
+    Heartbeat,
+    LogtailRecord,
+    encode_logtail,
+    record_key,
+)
 from schemas.wal import WalEntry
+from tn.catalog.nodes import SYSTEM_DB
 from tn.logtail.collector import CatalogView, collect
 
 log = logging.getLogger(__name__)
@@ -69,7 +85,8 @@ class LogtailPublisher:
                 }
             )
         )
-        self._live: set[str] = set(live_tables or [])
+        # the TN's own tables are never pushed (tn.logtail.collector): no topic, no heartbeat
+        self._live: set[str] = {n for n in live_tables or [] if not n.startswith(f"{SYSTEM_DB}.")}
         self._since_heartbeat: set[str] = set()
         self._topics_ready: set[str] = set()
         self.errors: list[str] = []
@@ -78,8 +95,11 @@ class LogtailPublisher:
         self._thread = threading.Thread(target=self._run, name="kwal-logtail", daemon=True)
         self._idle = threading.Event()
         self._idle.set()
-        # (topic, value) of records acknowledged without an offset, to produce again
-        self._again: queue.SimpleQueue[tuple[str, bytes]] = queue.SimpleQueue()
+        # (topic, key, value) of records acknowledged without an offset, to produce again
+        self._again: queue.SimpleQueue[tuple[str, bytes, bytes]] = queue.SimpleQueue()
+        # keys: `<this publisher>:<n>`, unique on every topic; heartbeats share one (step 6)
+        self._key_prefix = uuid.uuid4().hex[:16]
+        self._seq = count()
         self._ends: dict[str, int] = {}  # topic -> 1 + highest acknowledged offset
         ensure_topics(cfg, [])  # fail early when Kafka is not reachable
         for name in self._live:
@@ -221,12 +241,13 @@ class LogtailPublisher:
         self.published_ts = max(self.published_ts, ts)
 
     def _produce(self, topic: str, record: LogtailRecord) -> None:
-        self._produce_value(topic, encode_logtail(record))
+        key = record_key(record, f"{self._key_prefix}:{next(self._seq)}".encode())
+        self._produce_value(topic, key, encode_logtail(record))
 
-    def _produce_value(self, topic: str, value: bytes) -> None:
+    def _produce_value(self, topic: str, key: bytes, value: bytes) -> None:
         while True:
             try:
-                self._producer.produce(topic, value, on_delivery=self._delivered)
+                self._producer.produce(topic, value, key, on_delivery=self._delivered)
                 return
             except BufferError:
                 self._producer.poll(0.05)
@@ -243,7 +264,7 @@ class LogtailPublisher:
                 "logtail record on %s acknowledged without an offset; producing it again",
                 msg.topic(),
             )
-            self._again.put((msg.topic(), msg.value()))
+            self._again.put((msg.topic(), msg.key(), msg.value()))
         else:
             topic = msg.topic()
             self._ends[topic] = max(self._ends.get(topic, 0), msg.offset() + 1)
@@ -251,7 +272,7 @@ class LogtailPublisher:
     def _produce_again(self) -> int:
         """Produce the records `_delivered` queued (outside any delivery callback)."""
         n = 0
-        for topic, value in drain(self._again):
-            self._produce_value(topic, value)
+        for topic, key, value in drain(self._again):
+            self._produce_value(topic, key, value)
             n += 1
         return n

@@ -70,7 +70,7 @@ from confluent_kafka.admin import AdminClient
 from infra.config import KwalConfig
 from infra.doctor import deletes_records
 from infra.kafka_io import RecordDeleter
-from infra.topics import KEEP_FOREVER, TopicSpec, ensure_topics
+from infra.topics import ensure_topics, wal_topics
 from tn.logstore.driver import LogClosedError, LogDriver, LogRecord
 from tn.logstore.kafka_backend.exceptions import (
     AppendFailedError,
@@ -152,13 +152,7 @@ class KafkaDriver(LogDriver):
         self.retention_warning = ""
         # 1. topics
         if create_topics:
-            ensure_topics(
-                cfg,
-                [
-                    TopicSpec(self.topic, cfg.topics.wal_partitions, dict(KEEP_FOREVER)),
-                    TopicSpec(cfg.topics.wal_meta, 1, {"cleanup.policy": "compact"}),
-                ],
-            )
+            ensure_topics(cfg, wal_topics(cfg))
         self._admin = AdminClient(cfg.kafka_client())
         md = self._admin.list_topics(self.topic, timeout=open_timeout_s)
         tmd = md.topics.get(self.topic)
