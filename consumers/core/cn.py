@@ -45,7 +45,7 @@ import time
 from collections.abc import Callable, Iterable
 
 import pyarrow as pa
-from confluent_kafka import Consumer, KafkaError, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from consumers.core.exceptions import (
     AboveWatermarkError,
@@ -305,6 +305,8 @@ class CN(CNCore):
         self._consumer: Consumer | None = None
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
+        self._pause = threading.Event()  # wanted: fetch nothing (`pause`)
+        self._paused = False  # the consumer's partitions are paused (the CN's thread only)
         self.errors: list[str] = []
         self.bootstraps = 0  # how often step c happened
         self._offsets: dict[str, int] = {}  # the bootstrap checkpoint's logtail offsets
@@ -378,10 +380,33 @@ class CN(CNCore):
             return
         self._committed.update(moved)
 
+    def pause(self) -> None:
+        """Stop fetching (an operator's hold, or a CN that cannot keep up): the watermark
+        stays where it is. Records written meanwhile may be truncated away before `resume`;
+        then step c applies. Takes effect in the CN's thread within one poll."""
+        self._pause.set()
+
+    def resume(self) -> None:
+        """Fetch again from the positions reached before `pause`."""
+        self._pause.clear()
+
+    def _apply_pause(self) -> None:
+        """Pause or resume the consumer's partitions, in the CN's thread (librdkafka's
+        pause/resume from another thread while this one polls can block)."""
+        assert self._consumer is not None
+        if self._pause.is_set() != self._paused:
+            parts = self._consumer.assignment()
+            if self._pause.is_set():
+                self._consumer.pause(parts)
+            else:
+                self._consumer.resume(parts)
+            self._paused = self._pause.is_set()
+
     def _run(self) -> None:
         assert self._consumer is not None
         next_commit = time.monotonic() + self._commit_interval_s
         while not self._stop.is_set():
+            self._apply_pause()
             if time.monotonic() >= next_commit:
                 self._commit()
                 next_commit = time.monotonic() + self._commit_interval_s
@@ -411,50 +436,94 @@ class CN(CNCore):
                 continue
             if self._pending_assign:
                 topics, self._pending_assign = self._pending_assign, []
-                self._consumer.incremental_assign(
-                    [TopicPartition(t, 0, self.positions.get(t, 0)) for t in topics]
-                )
+                added = [TopicPartition(t, 0, self.positions.get(t, 0)) for t in topics]
+                self._consumer.incremental_assign(added)
+                if self._paused:
+                    self._consumer.pause(added)
 
     def _bootstrap_again(self, topics: list[str]) -> None:
-        """Step c: the records at this CN's position on `topics` are gone."""
+        """Step c: the records at this CN's position on `topics` are gone.
+
+        1. ask the broker where those topics start now (their log-start offsets);
+        2. bootstrap from the newest checkpoint (state, horizon and positions);
+        3. every new position must be at or above its topic's log start: else the records
+           between them were deleted before any checkpoint covered them, and the CN
+           stops with an error naming the tables and the offsets lost -- it never skips
+           them silently (librdkafka's auto.offset.reset is `error` for that reason)."""
         assert self._consumer is not None
-        where = ", ".join(f"{t}@{self.positions.get(t, 0)}" for t in topics)
-        if self.store is None:
-            self.errors.append(
-                f"the records at {where} were truncated away and this CN has no object store "
-                "to bootstrap from: give it the store the TN checkpoints to"
-            )
-            self._consumer.assign([])
-            self._stop.set()
-            return
-        before = self.watermark()
         lost = {t: self.positions.get(t, 0) for t in topics}
+        before = self.watermark()
         try:
-            manifest = self._bootstrap_from_store()
-            if manifest is None:
-                raise BootstrapError("the object store holds no checkpoint")
-            stuck = [t for t, o in lost.items() if self.positions.get(t, o + 1) <= o]
-            if stuck:
+            starts = self._log_starts(topics)  # 1.
+            gone = {t: (o, max(starts.get(t, o), o)) for t, o in lost.items()}
+            if self.store is None:
                 raise BootstrapError(
-                    f"the newest checkpoint ({manifest.key}) starts {', '.join(stuck)} no later "
-                    "than the truncated position: the records after it were deleted before any "
-                    "checkpoint covered them (retention shorter than the checkpoint interval? "
-                    "see kwal ops retention)"
+                    f"{self._describe(gone)} were deleted (truncated after a checkpoint, or by "
+                    "retention) before this CN read them, and it has no object store to "
+                    "bootstrap from: give it the store the TN checkpoints to"
+                )
+            manifest = self._bootstrap_from_store()  # 2.
+            if manifest is None:
+                raise BootstrapError(
+                    f"{self._describe(gone)} were deleted (truncated, or by retention) and the "
+                    "object store holds no checkpoint to bootstrap from: wait for the TN's "
+                    "first checkpoint (or take one: kwal checkpoint now), then start this CN "
+                    "again; keep retention above the checkpoint interval (kwal ops retention "
+                    "--check)"
+                )
+            starts.update(self._log_starts(set(self.positions) - set(starts)))
+            uncovered = {t: (o, starts[t]) for t, o in self.positions.items() if o < starts[t]}
+            if uncovered:  # 3.
+                raise BootstrapError(
+                    f"the newest checkpoint ({manifest.key}, ts {manifest.ts}) resumes "
+                    f"{self._describe(uncovered)}, which were deleted before any checkpoint "
+                    "covered them (retention shorter than the checkpoint interval? see kwal "
+                    "ops retention --check): start this CN again once the TN has taken a newer "
+                    "checkpoint (kwal checkpoint list)"
                 )
         except BootstrapError as e:
-            self.errors.append(f"the records at {where} were truncated away; {e}")
+            self.errors.append(str(e))
+            log.error("CN %s stopped: %s", self.name, e)
             self._consumer.assign([])
             self._stop.set()
             return
         self.bootstraps += 1
         log.warning(
-            "records at %s were truncated away: bootstrapped again from %s (watermark %d -> %d)",
-            where,
+            "CN %s: %s were truncated away: bootstrapped again from %s (watermark %d -> %d)",
+            self.name,
+            self._describe({t: (o, starts.get(t, o)) for t, o in lost.items()}),
             manifest.key,
             before,
             self.watermark(),
         )
         self._consumer.assign([TopicPartition(t, 0, o) for t, o in self.positions.items()])
+        self._paused = False  # a new assignment fetches; `_apply_pause` pauses it if wanted
+
+    def _log_starts(self, topics: Iterable[str]) -> dict[str, int]:
+        """topic -> the first offset its partition 0 still has (BootstrapError when the
+        broker cannot say)."""
+        assert self._consumer is not None
+        out: dict[str, int] = {}
+        for topic in sorted(topics):
+            try:
+                low, _high = self._consumer.get_watermark_offsets(
+                    TopicPartition(topic, 0), timeout=10, cached=False
+                )
+            except KafkaException as e:
+                raise BootstrapError(f"cannot read where {topic} starts now: {e}") from e
+            out[topic] = int(low)
+        return out
+
+    def _describe(self, gaps: dict[str, tuple[int, int]]) -> str:
+        """'table db.a (topic t) offsets [12, 40)' for each topic -> (from, to)."""
+        parts = []
+        for topic, (lo, hi) in sorted(gaps.items()):
+            if topic == self.cfg.topics.catalog:
+                what = "the catalog"
+            else:
+                what = f"table {self._topic_table.get(topic, '(not followed)')}"
+            parts.append(f"{what} ({topic}) offsets [{lo}, {hi})")
+        return "the records of " + ", ".join(parts)
 
     def close(self) -> None:
         self._stop.set()
