@@ -7,28 +7,50 @@ topic), the local-folder object store, and, for the Spark CN, the shared SparkSe
 
 from __future__ import annotations
 
+import argparse
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from consumers.core.cn import CN
-from consumers.core.exceptions import BelowHorizonError
-from consumers.spark.job import low_watermarks
+from consumers.core.exceptions import BelowHorizonError, TruncatedLogtailError
+from consumers.spark.job import (
+    BatchWriter,
+    low_watermarks,
+    read_as_of,
+    run,
+    start_query,
+    watermark,
+)
+from consumers.spark.progress import load_progress
+from consumers.spark.resume import committed_offsets
 from infra.config import KwalConfig
 from infra.objectstore import FolderStore
 from infra.ops.retention import apply_retention
 from infra.topics import admin_client
 from tests.logtail.conftest import Tn, random_steps, start_tn
+from tests.spark.helpers import spark_rows, tn_rows
 
 TABLES = ["db.a", "db.b"]
+TIMEOUT_S = 180  # a bound for a Spark run under load, never a figure asserted
 
 
 @pytest.fixture
-def tn(kwal_config: KwalConfig, tmp_path: Path) -> Tn:
+def tn(kwal_config: KwalConfig, tmp_path: Path) -> Iterator[Tn]:
     t = start_tn(kwal_config, FolderStore(tmp_path / "objects"))
+    yield t
+    t.close()
+
+
+@pytest.fixture
+def quiet_tn(kwal_config: KwalConfig, tmp_path: Path) -> Iterator[Tn]:
+    """A TN without the periodic heartbeats (the Spark test's micro-batches then hold a known
+    number of records: one per change, one catalog mark per commit, and explicit heartbeats)."""
+    t = start_tn(kwal_config, FolderStore(tmp_path / "objects"), heartbeats=False)
     yield t
     t.close()
 
@@ -49,6 +71,15 @@ def _steps(tn: Tn, rng: random.Random, n: int, stamps: list[int]) -> None:
     taken next records every topic's offset after them)."""
     random_steps(tn, rng, n, stamps)
     assert tn.logtail.publisher.flush(30), tn.logtail.publisher.errors
+
+
+def _mark(tn: Tn) -> int:
+    """A heartbeat on every topic, acknowledged; its ts. (A heartbeat skips the tables changed
+    since the previous one, whose own records speak for them: the second one reaches all.)"""
+    tn.engine.heartbeat().result(10)
+    ts = tn.engine.heartbeat().result(10)
+    assert tn.logtail.publisher.flush(30), tn.logtail.publisher.errors
+    return ts
 
 
 def _agrees(cn: CN, tn: Tn, ts: int) -> None:
@@ -146,3 +177,97 @@ def test_a_python_cn_fails_clearly_when_retention_deleted_records_no_checkpoint_
         assert bare.watermark() < final
     finally:
         bare.close()
+
+
+@pytest.mark.spark
+def test_a_spark_cn_started_after_the_truncation_or_falling_behind_it_starts_from_the_newest_checkpoint(
+    spark: Any,
+    quiet_tn: Tn,
+    kwal_config: KwalConfig,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """1. `kwal cn spark` (auto) started after the TN truncated every topic: it starts from
+    the newest checkpoint by itself and agrees with the TN.
+    2. Run again while the TN works on, it falls behind within the run: after its first
+    micro-batch the TN commits and takes two checkpoints, deleting the records its next
+    batch needs. The query fails on them (failOnDataLoss), and `kwal cn spark` starts the job
+    again from the newest checkpoint; it then agrees with the TN from that horizon on.
+    3. Truncated past it once more, the stopped job refuses to start without the object
+    store, naming the table and the offsets lost, and keeps its output."""
+    cfg, tn = kwal_config, quiet_tn
+    topics = {t: cfg.topics.logtail(*t.split(".", 1)) for t in TABLES}
+    every = [cfg.topics.catalog, *topics.values()]
+    rng = random.Random(28)
+    stamps: list[int] = []
+    tn.create("a", "b")
+    _steps(tn, rng, 20, stamps)
+    tn.checkpoint()
+    _steps(tn, rng, 20, stamps)
+    first = tn.checkpoint()  # deletes every topic below the previous checkpoint's offsets
+    _steps(tn, rng, 10, stamps)
+    final = _mark(tn)
+    assert min(low_watermarks(cfg.bootstrap, every, {}).values()) > 0
+
+    # 1.
+    output = tmp_path / "out"
+    args = argparse.Namespace(
+        tables=",".join(TABLES), output=str(output), trigger="available-now", timeout=TIMEOUT_S
+    )
+    assert run(args, cfg) == 0
+    assert f"started from the checkpoint at ts {first.ts}" in capsys.readouterr().err
+    prog = load_progress(output)
+    assert prog is not None and prog.horizon == first.ts and watermark(output) >= final
+    for name in ("a", "b"):
+        assert spark_rows(read_as_of(spark, output, f"db.{name}", final)) == tn_rows(tn, name, final)
+
+    # 2.
+    _steps(tn, rng, 30, stamps)  # the backlog of the next run: more than one micro-batch
+    behind: dict[str, int] = {}
+
+    def fall_behind() -> None:
+        _steps(tn, rng, 10, stamps)
+        tn.checkpoint()
+        _steps(tn, rng, 10, stamps)
+        behind["newest"] = tn.checkpoint().ts
+        _steps(tn, rng, 3, stamps)  # few: the next query reads them in one micro-batch
+        behind["final"] = _mark(tn)
+
+    real = BatchWriter.process_batch
+
+    def first_batch_then_fall_behind(self: BatchWriter, df: Any, batch_id: int) -> None:
+        real(self, df, batch_id)
+        if not behind:
+            fall_behind()
+
+    monkeypatch.setattr(BatchWriter, "process_batch", first_batch_then_fall_behind)
+    args.max_records_per_trigger = 20  # the backlog above has more than 30 records
+    assert run(args, cfg) == 0
+    err = capsys.readouterr().err
+    assert "fell behind the logtail truncation (" in err and "records [" in err, err
+    assert f"started from the checkpoint at ts {behind['newest']}" in err, err
+    prog = load_progress(output)
+    assert prog is not None and prog.horizon == behind["newest"]
+    assert watermark(output) >= behind["final"]
+    assert any(behind["newest"] < ts < behind["final"] for ts in stamps)  # changes after it
+    for name in ("a", "b"):
+        got = spark_rows(read_as_of(spark, output, f"db.{name}", behind["final"]))
+        assert got == tn_rows(tn, name, behind["final"]), name
+    with pytest.raises(BelowHorizonError):
+        read_as_of(spark, output, "db.a", behind["newest"] - 1)
+
+    # 3.
+    stopped_at = committed_offsets(output / "_checkpoint")
+    assert stopped_at is not None
+    _steps(tn, rng, 10, stamps)
+    tn.checkpoint()
+    _steps(tn, rng, 5, stamps)
+    tn.checkpoint()
+    low = _log_start(cfg, topics["db.a"])
+    assert low > stopped_at[topics["db.a"]]
+    lost = rf"table db\.a: {topics['db.a']}\[0\] starts at offset {low}, records \[{stopped_at[topics['db.a']]}, {low}\) deleted"
+    with pytest.raises(TruncatedLogtailError, match=lost):
+        start_query(spark, cfg.bootstrap, cfg.topics.catalog, topics, output)
+    after = load_progress(output)
+    assert after is not None and after.batch_id == prog.batch_id and after.horizon == prog.horizon
