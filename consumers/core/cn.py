@@ -32,6 +32,10 @@ c. when a topic answers that the CN's position was truncated away (it lagged
    more than a checkpoint interval behind, or retention deleted records), the
    CN bootstraps again from the newest checkpoint, whose t1 is above anything
    the lagging topic could still have told it: the watermark moves forward.
+   Where that checkpoint's offsets are themselves below a topic's log start
+   (retention deleted records no checkpoint covers yet), or there is no
+   checkpoint or no store, it stops with an error in `errors` naming the
+   tables and the offsets lost (`_bootstrap_again`; docs/lifecycle-cn.md).
 
 `apply(record)` is public so that any transport (Kafka here, Spark's
 foreachBatch, a test) can drive the same state.

@@ -57,12 +57,15 @@ def resume_positions(
     checkpoint: str | Path, prog: Progress, topics: list[str]
 ) -> dict[str, int]:
     """topic -> the first offset the job's next micro-batch needs (see the module
-    docstring); a topic the job starts at "earliest" of a checkpoint (-2) needs none."""
+    docstring). A topic a checkpoint's manifest does not list (-2, "earliest") needs offset
+    0, as in `consumers.spark.bootstrap`: every record above the checkpoint's ts lies at or
+    above the listed offset, and the TN truncates only listed topics, so a log start above
+    0 there is retention's."""
     committed = committed_offsets(checkpoint)
     if committed is not None:
         return {t: committed[t] for t in topics if t in committed}
     if prog.horizon:
-        return {t: o for t, o in prog.start_offsets.items() if t in topics and o >= 0}
+        return {t: max(o, 0) for t, o in prog.start_offsets.items() if t in topics}
     return {t: 0 for t in topics}
 
 

@@ -29,10 +29,10 @@ def test_the_next_batch_starts_at_the_end_of_the_last_committed_one(tmp_path: Pa
     ckpt = tmp_path / "ckpt"
     topics = ["cat", "t"]
     assert committed_offsets(ckpt) is None
-    # nothing committed: the starting offsets (0, or a checkpoint's; -2 needs none)
+    # nothing committed: the starting offsets (0, or a checkpoint's; -2, unlisted, is 0)
     assert resume_positions(ckpt, Progress(), topics) == {"cat": 0, "t": 0}
     started = Progress(horizon=5, start_offsets={"cat": 7, "t": -2})
-    assert resume_positions(ckpt, started, topics) == {"cat": 7}
+    assert resume_positions(ckpt, started, topics) == {"cat": 7, "t": 0}
     _batch(ckpt, 0, {"cat": 10, "t": 20}, committed=True)
     _batch(ckpt, 1, {"cat": 12, "t": 30}, committed=True)
     _batch(ckpt, 2, {"cat": 15, "t": 40}, committed=False)  # planned, run again from batch 1's end
