@@ -448,7 +448,8 @@ class CN(CNCore):
     def _bootstrap_again(self, topics: list[str]) -> None:
         """Step c: the records at this CN's position on `topics` are gone.
 
-        1. ask the broker where those topics start now (their log-start offsets);
+        1. ask the broker where those topics start and end now: a position between the
+           two was reported by a fetch from before the last assign (nothing to do);
         2. bootstrap from the newest checkpoint (state, horizon and positions);
         3. every new position must be at or above its topic's log start: else the records
            between them were deleted before any checkpoint covered them, and the CN
@@ -458,7 +459,21 @@ class CN(CNCore):
         lost = {t: self.positions.get(t, 0) for t in topics}
         before = self.watermark()
         try:
-            starts = self._log_starts(topics)  # 1.
+            now = self._offsets_now(topics)  # 1.
+            if all(now[t][0] <= o <= now[t][1] for t, o in lost.items()):
+                # Reported for a position this CN has left: an error fetched before the last
+                # bootstrap's assign (each topic reports its own). Fetch on from where it is.
+                self._consumer.assign([TopicPartition(t, 0, o) for t, o in self.positions.items()])
+                self._paused = False
+                return
+            beyond = {t: (now[t][1], o) for t, o in lost.items() if o > now[t][1]}
+            if beyond:
+                raise BootstrapError(
+                    f"{self._describe(beyond)} were read by this CN and are gone from the "
+                    "broker (the topic was re-created, or the broker lost acknowledged "
+                    "records): start this CN again"
+                )
+            starts = {t: low for t, (low, _high) in now.items()}
             gone = {t: (o, max(starts.get(t, o), o)) for t, o in lost.items()}
             if self.store is None:
                 raise BootstrapError(
@@ -504,18 +519,22 @@ class CN(CNCore):
         self._paused = False  # a new assignment fetches; `_apply_pause` pauses it if wanted
 
     def _log_starts(self, topics: Iterable[str]) -> dict[str, int]:
-        """topic -> the first offset its partition 0 still has (BootstrapError when the
-        broker cannot say)."""
+        """topic -> the first offset its partition 0 still has."""
+        return {t: low for t, (low, _high) in self._offsets_now(topics).items()}
+
+    def _offsets_now(self, topics: Iterable[str]) -> dict[str, tuple[int, int]]:
+        """topic -> (log start, end) of its partition 0 now (BootstrapError when the broker
+        cannot say)."""
         assert self._consumer is not None
-        out: dict[str, int] = {}
+        out: dict[str, tuple[int, int]] = {}
         for topic in sorted(topics):
             try:
-                low, _high = self._consumer.get_watermark_offsets(
+                low, high = self._consumer.get_watermark_offsets(
                     TopicPartition(topic, 0), timeout=10, cached=False
                 )
             except KafkaException as e:
                 raise BootstrapError(f"cannot read where {topic} starts now: {e}") from e
-            out[topic] = int(low)
+            out[topic] = (int(low), int(high))
         return out
 
     def _describe(self, gaps: dict[str, tuple[int, int]]) -> str:
