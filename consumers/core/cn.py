@@ -310,7 +310,7 @@ class CN(CNCore):
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
         self._pause = threading.Event()  # wanted: fetch nothing (`pause`)
-        self._paused = False  # the consumer's partitions are paused (the CN's thread only)
+        self._paused = False  # the consumer is paused (set in the CN's thread, under the lock for `pause`)
         self.errors: list[str] = []
         self.bootstraps = 0  # how often step c happened
         self._offsets: dict[str, int] = {}  # the bootstrap checkpoint's logtail offsets
@@ -384,11 +384,20 @@ class CN(CNCore):
             return
         self._committed.update(moved)
 
-    def pause(self) -> None:
+    def pause(self, timeout_s: float = 30.0) -> bool:
         """Stop fetching (an operator's hold, or a CN that cannot keep up): the watermark
         stays where it is. Records written meanwhile may be truncated away before `resume`;
-        then step c applies. Takes effect in the CN's thread within one poll."""
+        then step c applies. Returns once the CN's thread has paused its consumer (after at
+        most the poll in progress; False if that took longer than `timeout_s`)."""
         self._pause.set()
+        deadline = time.monotonic() + timeout_s
+        with self._lock:
+            while not self._paused and not self._stop.is_set():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._lock.wait(left)
+        return self._paused
 
     def resume(self) -> None:
         """Fetch again from the positions reached before `pause`."""
@@ -404,7 +413,9 @@ class CN(CNCore):
                 self._consumer.pause(parts)
             else:
                 self._consumer.resume(parts)
-            self._paused = self._pause.is_set()
+            with self._lock:
+                self._paused = self._pause.is_set()
+                self._lock.notify_all()
 
     def _run(self) -> None:
         assert self._consumer is not None
