@@ -32,6 +32,10 @@ c. when a topic answers that the CN's position was truncated away (it lagged
    more than a checkpoint interval behind, or retention deleted records), the
    CN bootstraps again from the newest checkpoint, whose t1 is above anything
    the lagging topic could still have told it: the watermark moves forward.
+   Where that checkpoint's offsets are themselves below a topic's log start
+   (retention deleted records no checkpoint covers yet), or there is no
+   checkpoint or no store, it stops with an error in `errors` naming the
+   tables and the offsets lost (`_bootstrap_again`; docs/lifecycle-cn.md).
 
 `apply(record)` is public so that any transport (Kafka here, Spark's
 foreachBatch, a test) can drive the same state.
@@ -45,7 +49,7 @@ import time
 from collections.abc import Callable, Iterable
 
 import pyarrow as pa
-from confluent_kafka import Consumer, KafkaError, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from consumers.core.exceptions import (
     AboveWatermarkError,
@@ -313,6 +317,8 @@ class CN(CNCore):
         self._consumer: Consumer | None = None
         self._thread: threading.Thread | None = None
         self._stop = threading.Event()
+        self._pause = threading.Event()  # wanted: fetch nothing (`pause`)
+        self._paused = False  # the consumer is paused (set in the CN's thread, under the lock for `pause`)
         self.errors: list[str] = []
         self.bootstraps = 0  # how often step c happened
         self._offsets: dict[str, int] = {}  # the bootstrap checkpoint's logtail offsets
@@ -386,10 +392,44 @@ class CN(CNCore):
             return
         self._committed.update(moved)
 
+    def pause(self, timeout_s: float = 30.0) -> bool:
+        """Stop fetching (an operator's hold, or a CN that cannot keep up): the watermark
+        stays where it is. Records written meanwhile may be truncated away before `resume`;
+        then step c applies. Returns once the CN's thread has paused its consumer (after at
+        most the poll in progress; False if that took longer than `timeout_s`)."""
+        self._pause.set()
+        deadline = time.monotonic() + timeout_s
+        with self._lock:
+            while not self._paused and not self._stop.is_set():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._lock.wait(left)
+        return self._paused
+
+    def resume(self) -> None:
+        """Fetch again from the positions reached before `pause`."""
+        self._pause.clear()
+
+    def _apply_pause(self) -> None:
+        """Pause or resume the consumer's partitions, in the CN's thread (librdkafka's
+        pause/resume from another thread while this one polls can block)."""
+        assert self._consumer is not None
+        if self._pause.is_set() != self._paused:
+            parts = self._consumer.assignment()
+            if self._pause.is_set():
+                self._consumer.pause(parts)
+            else:
+                self._consumer.resume(parts)
+            with self._lock:
+                self._paused = self._pause.is_set()
+                self._lock.notify_all()
+
     def _run(self) -> None:
         assert self._consumer is not None
         next_commit = time.monotonic() + self._commit_interval_s
         while not self._stop.is_set():
+            self._apply_pause()
             if time.monotonic() >= next_commit:
                 self._commit()
                 next_commit = time.monotonic() + self._commit_interval_s
@@ -419,50 +459,113 @@ class CN(CNCore):
                 continue
             if self._pending_assign:
                 topics, self._pending_assign = self._pending_assign, []
-                self._consumer.incremental_assign(
-                    [TopicPartition(t, 0, self.positions.get(t, 0)) for t in topics]
-                )
+                added = [TopicPartition(t, 0, self.positions.get(t, 0)) for t in topics]
+                self._consumer.incremental_assign(added)
+                if self._paused:
+                    self._consumer.pause(added)
 
     def _bootstrap_again(self, topics: list[str]) -> None:
-        """Step c: the records at this CN's position on `topics` are gone."""
+        """Step c: the records at this CN's position on `topics` are gone.
+
+        1. ask the broker where those topics start and end now: a position between the
+           two was reported by a fetch from before the last assign (nothing to do);
+        2. bootstrap from the newest checkpoint (state, horizon and positions);
+        3. every new position must be at or above its topic's log start: else the records
+           between them were deleted before any checkpoint covered them, and the CN
+           stops with an error naming the tables and the offsets lost -- it never skips
+           them silently (librdkafka's auto.offset.reset is `error` for that reason)."""
         assert self._consumer is not None
-        where = ", ".join(f"{t}@{self.positions.get(t, 0)}" for t in topics)
-        if self.store is None:
-            self.errors.append(
-                f"the records at {where} were truncated away and this CN has no object store "
-                "to bootstrap from: give it the store the TN checkpoints to"
-            )
-            self._consumer.assign([])
-            self._stop.set()
-            return
-        before = self.watermark()
         lost = {t: self.positions.get(t, 0) for t in topics}
+        before = self.watermark()
         try:
-            manifest = self._bootstrap_from_store()
-            if manifest is None:
-                raise BootstrapError("the object store holds no checkpoint")
-            stuck = [t for t, o in lost.items() if self.positions.get(t, o + 1) <= o]
-            if stuck:
+            now = self._offsets_now(topics)  # 1.
+            if all(now[t][0] <= o <= now[t][1] for t, o in lost.items()):
+                # Reported for a position this CN has left: an error fetched before the last
+                # bootstrap's assign (each topic reports its own). Fetch on from where it is.
+                self._consumer.assign([TopicPartition(t, 0, o) for t, o in self.positions.items()])
+                self._paused = False
+                return
+            beyond = {t: (now[t][1], o) for t, o in lost.items() if o > now[t][1]}
+            if beyond:
                 raise BootstrapError(
-                    f"the newest checkpoint ({manifest.key}) starts {', '.join(stuck)} no later "
-                    "than the truncated position: the records after it were deleted before any "
-                    "checkpoint covered them (retention shorter than the checkpoint interval? "
-                    "see kwal ops retention)"
+                    f"{self._describe(beyond)} were read by this CN and are gone from the "
+                    "broker (the topic was re-created, or the broker lost acknowledged "
+                    "records): start this CN again"
+                )
+            starts = {t: low for t, (low, _high) in now.items()}
+            gone = {t: (o, max(starts.get(t, o), o)) for t, o in lost.items()}
+            if self.store is None:
+                raise BootstrapError(
+                    f"{self._describe(gone)} were deleted (truncated after a checkpoint, or by "
+                    "retention) before this CN read them, and it has no object store to "
+                    "bootstrap from: give it the store the TN checkpoints to"
+                )
+            manifest = self._bootstrap_from_store()  # 2.
+            if manifest is None:
+                raise BootstrapError(
+                    f"{self._describe(gone)} were deleted (truncated, or by retention) and the "
+                    "object store holds no checkpoint to bootstrap from: wait for the TN's "
+                    "first checkpoint (or take one: kwal checkpoint now), then start this CN "
+                    "again; keep retention above the checkpoint interval (kwal ops retention "
+                    "--check)"
+                )
+            starts.update(self._log_starts(set(self.positions) - set(starts)))
+            uncovered = {t: (o, starts[t]) for t, o in self.positions.items() if o < starts[t]}
+            if uncovered:  # 3.
+                raise BootstrapError(
+                    f"the newest checkpoint ({manifest.key}, ts {manifest.ts}) resumes "
+                    f"{self._describe(uncovered)}, which were deleted before any checkpoint "
+                    "covered them (retention shorter than the checkpoint interval? see kwal "
+                    "ops retention --check): start this CN again once the TN has taken a newer "
+                    "checkpoint (kwal checkpoint list)"
                 )
         except BootstrapError as e:
-            self.errors.append(f"the records at {where} were truncated away; {e}")
+            self.errors.append(str(e))
+            log.error("CN %s stopped: %s", self.name, e)
             self._consumer.assign([])
             self._stop.set()
             return
         self.bootstraps += 1
         log.warning(
-            "records at %s were truncated away: bootstrapped again from %s (watermark %d -> %d)",
-            where,
+            "CN %s: %s were truncated away: bootstrapped again from %s (watermark %d -> %d)",
+            self.name,
+            self._describe({t: (o, starts.get(t, o)) for t, o in lost.items()}),
             manifest.key,
             before,
             self.watermark(),
         )
         self._consumer.assign([TopicPartition(t, 0, o) for t, o in self.positions.items()])
+        self._paused = False  # a new assignment fetches; `_apply_pause` pauses it if wanted
+
+    def _log_starts(self, topics: Iterable[str]) -> dict[str, int]:
+        """topic -> the first offset its partition 0 still has."""
+        return {t: low for t, (low, _high) in self._offsets_now(topics).items()}
+
+    def _offsets_now(self, topics: Iterable[str]) -> dict[str, tuple[int, int]]:
+        """topic -> (log start, end) of its partition 0 now (BootstrapError when the broker
+        cannot say)."""
+        assert self._consumer is not None
+        out: dict[str, tuple[int, int]] = {}
+        for topic in sorted(topics):
+            try:
+                low, high = self._consumer.get_watermark_offsets(
+                    TopicPartition(topic, 0), timeout=10, cached=False
+                )
+            except KafkaException as e:
+                raise BootstrapError(f"cannot read where {topic} starts now: {e}") from e
+            out[topic] = (int(low), int(high))
+        return out
+
+    def _describe(self, gaps: dict[str, tuple[int, int]]) -> str:
+        """'table db.a (topic t) offsets [12, 40)' for each topic -> (from, to)."""
+        parts = []
+        for topic, (lo, hi) in sorted(gaps.items()):
+            if topic == self.cfg.topics.catalog:
+                what = "the catalog"
+            else:
+                what = f"table {self._topic_table.get(topic, '(not followed)')}"
+            parts.append(f"{what} ({topic}) offsets [{lo}, {hi})")
+        return "the records of " + ", ".join(parts)
 
     def catch_up(self, timeout_s: float = 30.0) -> bool:
         """Wait until this CN has read every record its topics held when called: first the

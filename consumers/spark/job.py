@@ -110,6 +110,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import shutil
 import sys
@@ -157,6 +158,7 @@ from consumers.spark.decode import (
     wide_name,
 )
 from consumers.spark.progress import (
+    CHANGES,
     Incarnation,
     Progress,
     TableProgress,
@@ -164,12 +166,17 @@ from consumers.spark.progress import (
     load_progress,
     write_progress,
 )
+from consumers.spark.resume import discard_output, lost_positions, resume_positions
 from consumers.spark.session import build_session
 from infra.objectstore import ObjectStore
 from schemas.logtail import decode_logtail
 from schemas.wal import ColumnDef, ColumnType, TableSchema
 
-CHANGES = "_changes"
+log = logging.getLogger(__name__)
+
+# `kwal cn spark` starts a query that fell behind the truncation again at most this many
+# times in a row without a batch committed in between (the truncation outruns it).
+MAX_RESTARTS = 3
 
 
 # -- the batch ---------------------------------------------------------------------------
@@ -687,7 +694,14 @@ def start_query(
       from the checkpoint (refused as for "never" when there is no `store`).
     A table added to an existing job is read from its topic's first record (refused when
     that was truncated; a job started from a checkpoint takes no new table: BootstrapError,
-    as when the checkpoint cannot be used)."""
+    as when the checkpoint cannot be used).
+
+    A job with progress whose next micro-batch needs records the broker deleted (it was
+    stopped or fell behind while the TN truncated past it, or retention did:
+    `consumers.spark.resume`) cannot continue: unless `from_checkpoint` is "never" or there
+    is no `store` (TruncatedLogtailError naming the tables and offsets lost), its output
+    and Spark checkpoint are discarded and it starts again from the newest checkpoint, as
+    a new job would (a new horizon: reads below it are refused from then on)."""
     from consumers.spark.source import kafka_stream
 
     if from_checkpoint not in FROM_CHECKPOINT:
@@ -702,17 +716,34 @@ def start_query(
         options["maxRecordsPerTrigger"] = max_records_per_trigger
     options.update(source_options or {})
     topics = [catalog_topic, *table_topics.values()]
+    ckpt = Path(checkpoint or Path(output) / "_checkpoint")
+    names = _topic_names(catalog_topic, table_topics)
     prog = load_progress(output)
+    if prog is not None:
+        lost = lost_records(bootstrap, output, ckpt, table_topics, catalog_topic, options)
+        if lost and (store is None or from_checkpoint == "never"):
+            raise TruncatedLogtailError(_lost_message(lost, names, (
+                "start it again from the newest checkpoint (--from-checkpoint auto or always, "
+                "with the object store the TN checkpoints to)"
+            )))
+        if lost:
+            # fell behind the truncation: the job's state cannot be continued past the gap
+            log.warning("Spark CN %s: %s; starting again from the newest checkpoint", output,
+                        _lost_where(lost, names))
+            discard_output(output, ckpt, sorted(set(prog.tables) | set(table_topics)))
+            prog = None
     if prog is None:
         lows = low_watermarks(bootstrap, topics, options)
-        truncated = {t: low for t, low in lows.items() if low > 0}
+        truncated = {t: (0, low) for t, low in lows.items() if low > 0}
         pull = truncated and from_checkpoint == "auto" and store is not None
         if from_checkpoint == "always" or pull:
             if store is None:
                 raise BootstrapError("starting from a checkpoint needs the object store")
+            # offsets of an attempt that never committed are not the checkpoint's
+            shutil.rmtree(ckpt, ignore_errors=True)
             prog = bootstrap_output(store, output, catalog_topic, table_topics, lows)
         elif truncated:
-            raise TruncatedLogtailError(_truncated_message(truncated, (
+            raise TruncatedLogtailError(_lost_message(truncated, names, (
                 "start from the newest checkpoint (--from-checkpoint auto or always)"
                 if store is not None
                 else "give the job the object store the TN checkpoints to, to start from the "
@@ -726,9 +757,9 @@ def start_query(
                 "and holds no rows of other tables before it; follow them with a job of their own"
             )
         lows = low_watermarks(bootstrap, [table_topics[n] for n in new], options)
-        truncated = {t: low for t, low in lows.items() if low > 0}
+        truncated = {t: (0, low) for t, low in lows.items() if low > 0}
         if truncated:
-            raise TruncatedLogtailError(_truncated_message(truncated, (
+            raise TruncatedLogtailError(_lost_message(truncated, names, (
                 "a table added to a job is read from its topic's first record: follow it with "
                 "a job of its own, which can start from the checkpoint"
             )))
@@ -742,8 +773,7 @@ def start_query(
     plan = writer.source_plan()
     df = kafka_stream(spark, bootstrap, topics, decode=plan.to_json(), **options)
     writer.decoded = plan if TABLE in df.columns else None  # the built-in source does not decode
-    ckpt = str(checkpoint or Path(output) / "_checkpoint")
-    w = df.writeStream.foreachBatch(writer).option("checkpointLocation", ckpt).queryName(
+    w = df.writeStream.foreachBatch(writer).option("checkpointLocation", str(ckpt)).queryName(
         f"kwal-cn-{abs(hash(str(output))) % 10**8}"
     )
     if trigger in ("available-now", "availableNow", "once"):
@@ -780,12 +810,45 @@ def low_watermarks(bootstrap: str, topics: Sequence[str], options: dict[str, Any
     return {t: low for (t, p), (low, _high) in sorted(watermarks.items()) if p == 0}
 
 
-def _truncated_message(truncated: dict[str, int], fix: str) -> str:
-    where = ", ".join(f"{t}[0] starts at offset {low}" for t, low in sorted(truncated.items()))
+def lost_records(
+    bootstrap: str,
+    output: str | Path,
+    checkpoint: str | Path | None,
+    table_topics: dict[str, str],
+    catalog_topic: str,
+    options: dict[str, Any],
+) -> dict[str, tuple[int, int]]:
+    """topic -> [position, log start) for each topic whose records the job's next
+    micro-batch needs and the broker deleted (`consumers.spark.resume`); {} for a job
+    with no progress yet."""
+    prog = load_progress(output)
+    if prog is None:
+        return {}
+    topics = [catalog_topic, *table_topics.values()]
+    ckpt = checkpoint or Path(output) / "_checkpoint"
+    return lost_positions(
+        resume_positions(ckpt, prog, topics), low_watermarks(bootstrap, topics, options)
+    )
+
+
+def _topic_names(catalog_topic: str, table_topics: dict[str, str]) -> dict[str, str]:
+    """topic -> what it carries, for messages ("table db.a", "the catalog")."""
+    return {catalog_topic: "the catalog", **{t: f"table {n}" for n, t in table_topics.items()}}
+
+
+def _lost_where(lost: dict[str, tuple[int, int]], names: dict[str, str]) -> str:
+    """The records a job needs and the broker deleted: table, topic, offsets [from, to)."""
+    return "; ".join(
+        f"{names.get(t, 'topic')}: {t}[0] starts at offset {low}, records [{o}, {low}) deleted"
+        for t, (o, low) in sorted(lost.items())
+    )
+
+
+def _lost_message(lost: dict[str, tuple[int, int]], names: dict[str, str], fix: str) -> str:
     return (
-        f"{where}: records were deleted (the TN truncates logtail topics after checkpoints, "
-        f"or retention did). Reading from there would show tables without the rows before "
-        f"the gap: {fix}."
+        f"{_lost_where(lost, names)} (the TN truncates logtail topics after checkpoints, or "
+        f"retention did). Reading from there would show tables without the rows in the gap: "
+        f"{fix}."
     )
 
 
@@ -852,41 +915,59 @@ def run(args: Any, cfg: Any) -> int:
     spark = build_session(master=getattr(args, "master", None))
     topics = {t: cfg.topics.logtail(*t.split(".", 1)) for t in tables}
     kafka_opts = {f"kafka.{k}": v for k, v in cfg.kafka.items() if k != "bootstrap.servers"}
-    try:
-        q = start_query(
-            spark,
-            cfg.bootstrap,
-            cfg.topics.catalog,
-            topics,
-            output,
-            checkpoint=getattr(args, "checkpoint", None),
-            trigger=trigger,
-            max_records_per_trigger=getattr(args, "max_records_per_trigger", None),
-            source_options=kafka_opts,
-            compact_interval_s=float(getattr(args, "compact_interval", None) or 10.0),
-            store=None if from_checkpoint == "never" else open_store(cfg.objectstore),
-            from_checkpoint=from_checkpoint,
-        )
-    except (TruncatedLogtailError, BootstrapError) as e:
-        print(f"kwal cn spark: cannot start: {e}", file=sys.stderr)
-        return 1
-    prog = load_progress(output)
-    if prog is not None and prog.horizon and prog.batch_id < 0:
-        print(f"kwal cn spark: started from the checkpoint at ts {prog.horizon}",
-              file=sys.stderr, flush=True)
+    store = None if from_checkpoint == "never" else open_store(cfg.objectstore)
+    checkpoint = getattr(args, "checkpoint", None)
     timeout = float(getattr(args, "timeout", 0) or 0)
-    print(f"kwal cn spark: following {', '.join(tables)} into {output} (trigger {trigger})",
-          file=sys.stderr, flush=True)
-    try:
-        finished = q.awaitTermination(timeout) if timeout else q.awaitTermination()
-        if timeout and not finished:
+    deadline = time.monotonic() + timeout if timeout else None
+    restarts = 0  # in a row, without a batch committed in between
+    while True:
+        try:
+            q = start_query(
+                spark,
+                cfg.bootstrap,
+                cfg.topics.catalog,
+                topics,
+                output,
+                checkpoint=checkpoint,
+                trigger=trigger,
+                max_records_per_trigger=getattr(args, "max_records_per_trigger", None),
+                source_options=kafka_opts,
+                compact_interval_s=float(getattr(args, "compact_interval", None) or 10.0),
+                store=store,
+                from_checkpoint=from_checkpoint,
+            )
+        except (TruncatedLogtailError, BootstrapError) as e:
+            print(f"kwal cn spark: cannot start: {e}", file=sys.stderr)
+            return 1
+        prog = load_progress(output)
+        if prog is not None and prog.horizon and prog.batch_id < 0:
+            print(f"kwal cn spark: started from the checkpoint at ts {prog.horizon}",
+                  file=sys.stderr, flush=True)
+        print(f"kwal cn spark: following {', '.join(tables)} into {output} (trigger {trigger})",
+              file=sys.stderr, flush=True)
+        try:
+            if deadline is None:
+                q.awaitTermination()
+            elif not q.awaitTermination(max(0.0, deadline - time.monotonic())):
+                q.stop()
+        except KeyboardInterrupt:
             q.stop()
-    except KeyboardInterrupt:
-        q.stop()
-    error = q.exception()
-    if error is not None:
-        print(f"kwal cn spark: the query failed: {error}", file=sys.stderr)
-        return 1
+        except Exception:  # noqa: BLE001 - a failed query raises here; its error is read below
+            pass
+        error = q.exception()
+        if error is None:
+            break
+        prog = load_progress(output)
+        restarts = 0 if prog is not None and prog.batch_id >= 0 else restarts + 1
+        lost = lost_records(cfg.bootstrap, output, checkpoint, topics, cfg.topics.catalog, kafka_opts)
+        if store is None or not lost or restarts > MAX_RESTARTS:
+            print(f"kwal cn spark: the query failed: {error}", file=sys.stderr)
+            return 1
+        # fell behind the truncation while running: start_query starts it again from the
+        # newest checkpoint (the next loop)
+        print(f"kwal cn spark: the query fell behind the logtail truncation ("
+              f"{_lost_where(lost, _topic_names(cfg.topics.catalog, topics))}); starting "
+              "again from the newest checkpoint", file=sys.stderr, flush=True)
     for t in tables:
         print(f"{t}: watermark {watermark(output, t)}", file=sys.stderr)
     return 0

@@ -25,6 +25,7 @@ from schemas.wal import ColumnDef, TableSchema
 from tn.checkpoint.manifest import schema_in, schema_out
 
 PROGRESS = "_progress"
+CHANGES = "_changes"  # the change log (`consumers.spark.job`)
 KEEP_PROGRESS = 20
 
 

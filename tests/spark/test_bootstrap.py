@@ -62,6 +62,8 @@ def test_a_job_started_after_checkpoints_starts_from_the_newest_and_agrees_with_
     stamps: list[int] = []
     checkpoint_then_compact(tn, rng, 30, stamps)
     random_steps(tn, rng, 30, stamps)
+    # acknowledged before the second checkpoint, which must list every topic's offset
+    assert tn.logtail.publisher.flush(30), tn.logtail.publisher.errors
     second = tn.checkpoint()
     # Between the last two checkpoints: b dropped and created again, more changes. The
     # third checkpoint is taken as if the logtail publisher had acknowledged nothing since
