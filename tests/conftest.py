@@ -148,6 +148,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     Path(target).write_text("".join(f"{s:.2f}\t{nodeid}\n" for nodeid, s in rows))
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups (its hook is registered later)
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Under pytest-xdist (`--dist loadgroup`) every test that uses the SparkSession runs
     on one worker: a session costs a JVM and 10-20 s to start, so one is shared. Those

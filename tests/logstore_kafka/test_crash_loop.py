@@ -32,7 +32,7 @@ from tn.logstore.driver import LogStore
 from tn.logstore.kafka_backend import KafkaDriver
 
 ROOT = Path(__file__).resolve().parents[2]
-CYCLES = int(os.environ.get("KWAL_CRASH_CYCLES", "20"))
+SLOW_CYCLES = int(os.environ.get("KWAL_CRASH_CYCLES", "20"))
 
 
 def _run_child(
@@ -73,9 +73,10 @@ def _run_child(
     return lines
 
 
-@pytest.mark.slow
+# Four cycles (one kill during start-up) run in CI; the slow variant does twenty.
+@pytest.mark.parametrize("cycles", [4, pytest.param(SLOW_CYCLES, marks=pytest.mark.slow)])
 def test_sigkill_mid_load_loses_no_ack_and_replays_nothing_unjustified(
-    wal_config: KwalConfig,
+    wal_config: KwalConfig, cycles: int
 ) -> None:
     prefix = wal_config.topics.prefix
     acked_by: dict[int, int] = {}  # lsn -> child index
@@ -84,7 +85,7 @@ def test_sigkill_mid_load_loses_no_ack_and_replays_nothing_unjustified(
     max_trunc = 0
     rng = random.Random(4)
     kills_in_startup = 0
-    for k in range(CYCLES):
+    for k in range(cycles):
         # every fourth writer dies somewhere in its start-up (or just after)
         early = rng.uniform(0.8, 2.5) if k % 4 == 3 else None
         lines = _run_child(wal_config.bootstrap, prefix, k, load_s=1.0, early_kill_s=early)
@@ -116,7 +117,7 @@ def test_sigkill_mid_load_loses_no_ack_and_replays_nothing_unjustified(
     finally:
         final.close()
     print(
-        f"crash loop: {CYCLES} kills ({kills_in_startup} during start-up), "
+        f"crash loop: {cycles} kills ({kills_in_startup} during start-up), "
         f"{len(acked_by)} acked, final log {t}+{len(got)}"
     )
     # 1. every acknowledged entry above the truncation point, with its payload
