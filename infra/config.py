@@ -73,7 +73,7 @@ class ObjectStoreConfig:
 
 @dataclass
 class WalConfig:
-    backend: str = "file"  # file | kafka | memory
+    backend: str = "kafka"  # kafka (the Log Service) | file (one machine, no shared log) | memory
     dir: str = ".kwal/wal"
     segment_bytes: int = 64 << 20
     recovery_mode: str = "point-in-time"
