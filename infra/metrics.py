@@ -31,6 +31,12 @@ class Metrics:
             "kwal_logtail_lag_entries", "committed entries not yet published to logtail topics", registry=r
         )
         self.last_checkpoint_ts = Gauge("kwal_last_checkpoint_ts", "ts of the last checkpoint", registry=r)
+        self.compactions = Counter(
+            "kwal_compactions", "compactions/merges committed (metadata-only WAL entries)", registry=r
+        )
+        self.compacted_blocks = Counter(
+            "kwal_compacted_blocks", "flushed blocks replaced by compactions", registry=r
+        )
 
 
 METRICS = Metrics()

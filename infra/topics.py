@@ -48,6 +48,7 @@ def core_topics(cfg: KwalConfig) -> list[TopicSpec]:
         TopicSpec(t.wal, t.wal_partitions, dict(KEEP_FOREVER)),
         TopicSpec(t.wal_meta, 1, {"cleanup.policy": "compact"}),
         TopicSpec(t.catalog, 1, dict(KEEP_FOREVER)),
+        TopicSpec(t.ops, 1, {"cleanup.policy": "delete", "retention.ms": str(24 * 3600 * 1000)}),
     ]
 
 

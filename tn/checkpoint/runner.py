@@ -170,6 +170,12 @@ class CheckpointRunner:
         with self._lock:
             return self._entries_since, self._wal_since
 
+    @property
+    def exclusive(self) -> threading.Lock:
+        """Held while a checkpoint runs: whoever rewrites flushed blocks (the scheduled
+        compaction) holds it too, so a checkpoint never dumps a block being replaced."""
+        return self._run_lock
+
     def _step(self, name: str) -> None:
         if self.hook is not None:
             self.hook(name)

@@ -1,8 +1,9 @@
 """`kwal tn run` (or `python -m tn.service.main`): the TN process.
 
-Opens the configured log backend (cfg.wal.backend: file | kafka | memory),
+Opens the configured log backend (cfg.wal.backend: kafka | file | memory),
 rebuilds the engine from the newest checkpoint plus the WAL after it, makes sure the topics exist,
-and serves requests until SIGTERM or SIGINT, then drains in-flight commits,
+runs checkpoints and the compaction policy in the background, answers `kwal ops` commands
+on the ops topic, and serves requests until SIGTERM or SIGINT, then drains in-flight commits,
 publishes their results and closes the log. Prints one line
 ``kwal-tn ready <requests topic>`` on stderr once it is consuming.
 """
@@ -144,8 +145,11 @@ def _serve(cfg: KwalConfig, stop: threading.Event) -> int | BaseException:
     (or 1 when a service thread died), or the log failure that halted the service."""
     from infra.topics import ensure_topics
     from schemas.codec import decode_entry
+    from tn.checkpoint.policy import CompactionPolicy
+    from tn.checkpoint.scheduler import start_compaction
     from tn.checkpoint.wiring import recover_from_config, start_checkpoints
     from tn.logtail.wiring import attach_logtail
+    from tn.service.ops_listener import OpsListener
     from tn.service.service import TnService
 
     ensure_topics(cfg)
@@ -170,6 +174,17 @@ def _serve(cfg: KwalConfig, stop: threading.Event) -> int | BaseException:
         parts.callback(lambda: logtail.close(patience(10.0)))
         checkpoints = start_checkpoints(recovered, cfg, logtail=logtail)
         parts.callback(checkpoints.stop)
+        compaction = start_compaction(
+            engine,
+            recovered.store,
+            CompactionPolicy.from_config(cfg.compaction),
+            cfg.compaction.interval_s,
+            exclusive=checkpoints.exclusive,
+            publish=logtail.publisher.publish_records,
+        )
+        parts.callback(compaction.stop)
+        ops = OpsListener(cfg, compaction).start()
+        parts.callback(ops.stop)
         service = TnService(cfg, engine)
         status = _status_publisher(cfg, log)
         if status is not None:
