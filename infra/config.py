@@ -96,6 +96,7 @@ class TnConfig:
     max_request_bytes: int = 8 << 20
     commit_queue: int = 4096
     metrics_port: int = 0  # 0 = no metrics endpoint
+    metrics_interval_s: float = 1.0  # how often the TN samples its gauges
     write_acl: str = ""  # client=db.t1|db.*;other=db2.* (empty: everyone writes everything)
     # A repeated request id gets the first copy's outcome while that copy is among the last
     # `dedup_window` requests (docs/retries.md); across a TN restart too.

@@ -21,11 +21,13 @@ from infra.cli import build_parser
 from infra.config import KwalConfig
 from infra.objectstore import FolderStore, open_store
 from infra.ops.compact import run as ops_compact
+from infra.processes import free_port
 from infra.topics import ensure_topics
 from producers import Client
 from schemas.codec import decode_entry
 from schemas.wal import Append, CatalogReason, UpdateCatalog
 from tests.checkpoint.helpers import create, delete, insert, open_log, reads, restart, shutdown
+from tests.ops.scrape import scrape, value
 from tests.service.harness import recover_engine
 from tn.checkpoint.manifest import Manifest, newest_manifest
 from tn.checkpoint.policy import CompactionPolicy
@@ -165,6 +167,7 @@ def expected_rows() -> list[dict[str, object]]:
 
 def test_the_tn_compacts_by_itself_and_a_cn_follows(kwal_config: KwalConfig, tmp_path: Path) -> None:
     cfg = tn_config(kwal_config, interval_s=0.2)
+    cfg.tn.metrics_port = free_port()
     ensure_topics(cfg)
     tn = TnProcess(cfg, tmp_path)
     tn.start()
@@ -181,6 +184,9 @@ def test_the_tn_compacts_by_itself_and_a_cn_follows(kwal_config: KwalConfig, tmp
                 tid = next(s.table_id for s in cn.tables.get("db.t", []))
                 return len(data_objects(m, tid)) == 1
             wait_until(merged, "the TN to merge the two small blocks and checkpoint")
+            metrics = scrape(cfg.tn.metrics_port)  # the counters an operator sees moved
+            assert value(metrics, "kwal_compactions_total") == 1
+            assert value(metrics, "kwal_compacted_blocks_total") == 2
             t = client.begin()
             t.insert("db.t", [{"id": 10**6, "v": "after"}])
             last = t.commit(timeout=60).commit_ts

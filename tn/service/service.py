@@ -192,6 +192,7 @@ class TnService:
         self._pending: list[int] = []  # heap of request offsets not yet resolved
         self._resolved: set[int] = set()  # lazily removed from the heap
         self._next_offset = 0  # one past the last consumed request offset
+        self._received: dict[int, float] = {}  # request offset -> when consumed (latency)
         self._delivered_above: dict[int, int] = {}  # req offset -> result offset
         self._last_result_offset = -1
         self._committed_ids: list[tuple[int, str]] = []  # (req offset, id) to prune
@@ -486,6 +487,7 @@ class TnService:
         with self._lock:
             heapq.heappush(self._pending, offset)
             self._next_offset = offset + 1
+            self._received[offset] = time.monotonic()
         self.processed += 1
         req: TxnRequest | None = None
         error: TxnResult | None = None
@@ -677,6 +679,9 @@ class TnService:
             METRICS.commits.inc()
         else:
             METRICS.aborts.labels(res.reason or "unknown").inc()
+        received = self._received.get(offset)
+        if received is not None:
+            METRICS.commit_latency.observe(time.monotonic() - received)
         self._out.put((res, key, offset))
 
     # ---- the publisher --------------------------------------------------------------------
@@ -753,6 +758,7 @@ class TnService:
             self._resolve_locked(offset)
 
     def _resolve_locked(self, offset: int) -> None:
+        self._received.pop(offset, None)
         self._resolved.add(offset)
         while self._pending and self._pending[0] in self._resolved:
             self._resolved.discard(heapq.heappop(self._pending))
