@@ -121,17 +121,17 @@ def test_a_tn_restart_between_two_sends_answers_the_first_outcome(
         assert first_abort.value.code == "duplicate_key"
         delete(client, 1)  # a second run of either id would now insert key 1 again
 
-        # 1. restart: the dedup table is replayed from the WAL
-        assert tn.terminate() == 0
+        # 1. a crash and a restart: the dedup table is replayed from the WAL
+        tn.kill()
         tn.start()
         assert insert(client, 1, committed) == first_ts
         with pytest.raises(ValidationError) as again:
             insert(client, 1, refused)
         assert again.value.code == "duplicate_key"
 
-        # 2. stop, checkpoint (which truncates the WAL), restart: the dedup table now
-        # comes from the checkpoint
-        assert tn.terminate() == 0
+        # 2. a crash, a checkpoint (which truncates the WAL), a restart: the dedup table
+        # now comes from the checkpoint
+        tn.kill()
         assert run_now(SimpleNamespace(json=True), kwal_config) == 0
         checkpoint = json.loads(capsys.readouterr().out)
         assert checkpoint["truncated_lsn"] > 0  # the entries of both sends are behind it
