@@ -18,7 +18,7 @@ import pytest
 
 from consumers.core.cn import CN
 from infra.cli import build_parser
-from infra.config import KwalConfig
+from infra.config import CompactionConfig, ConfigError, KwalConfig
 from infra.objectstore import FolderStore, open_store
 from infra.ops.compact import run as ops_compact
 from infra.processes import free_port
@@ -238,3 +238,12 @@ def test_kwal_ops_compact_runs_the_policy_now(
     finally:
         engine.close()
         log.close()
+
+
+def test_a_policy_that_could_loop_or_never_trigger_is_refused_by_name() -> None:
+    with pytest.raises(ConfigError, match="min_small_blocks must be at least 2"):
+        CompactionPolicy(min_small_blocks=1)
+    with pytest.raises(ConfigError, match="tombstone_ratio must be in"):
+        CompactionPolicy.from_config(CompactionConfig(tombstone_ratio=0.0))
+    cfg = KwalConfig.load(environ={"KWAL_COMPACTION_MIN_SMALL_BLOCKS": "7"})
+    assert CompactionPolicy.from_config(cfg.compaction).min_small_blocks == 7
