@@ -127,6 +127,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--logical-only", action="store_true", help="record the point only, no DeleteRecords"
     )
     otrunc.add_argument("--timeout", type=float, default=10.0, help="seconds per Kafka wait")
+    ocompact = _command(
+        ops_sub, "compact", "infra.ops.compact:run",
+        "run the TN's compaction policy now (merge small or tombstoned blocks)",
+    )
+    ocompact.add_argument("--table", help="db.table (default: every table)")
+    ocompact.add_argument("--json", action="store_true", help="print JSON for tools")
+    ocompact.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for the TN")
     oret = _command(
         ops_sub, "retention", "infra.ops.retention:run",
         "check or set retention of the WAL and logtail topics",

@@ -62,6 +62,11 @@ class TopicsConfig:
     def catalog(self) -> str:
         return self.name("catalog")
 
+    @property
+    def ops(self) -> str:
+        """Operator commands to the running TN and its replies (`kwal ops compact`)."""
+        return self.name("ops")
+
     def logtail(self, database: str, table: str) -> str:
         return self.name(f"logtail.{database}.{table}")
 
@@ -77,7 +82,7 @@ class ObjectStoreConfig:
 
 @dataclass
 class WalConfig:
-    backend: str = "file"  # file | kafka | memory
+    backend: str = "kafka"  # kafka (the Log Service) | file (one machine, no shared log) | memory
     dir: str = ".kwal/wal"
     segment_bytes: int = 64 << 20
     recovery_mode: str = "point-in-time"
@@ -102,7 +107,24 @@ class TnConfig:
     max_request_bytes: int = 8 << 20
     commit_queue: int = 4096
     metrics_port: int = 0  # 0 = no metrics endpoint
+    metrics_interval_s: float = 1.0  # how often the TN samples its gauges
     write_acl: str = ""  # client=db.t1|db.*;other=db2.* (empty: everyone writes everything)
+    # A repeated request id gets the first copy's outcome while that copy is among the last
+    # `dedup_window` requests (docs/retries.md); across a TN restart too.
+    dedup_window: int = 100_000
+
+
+@dataclass
+class CompactionConfig:
+    """The TN's scheduled compaction (tn.checkpoint.policy, docs/compaction.md): a table's
+    flushed blocks are merged when `min_small_blocks` of them hold at most `small_rows`
+    live rows each, or when one has `tombstone_ratio` of its rows deleted."""
+
+    interval_s: float = 30.0  # how often the TN looks; 0 = never by itself (`kwal ops compact`)
+    small_rows: int = 2048  # a block with at most this many live rows is small
+    min_small_blocks: int = 4  # merge a table's small blocks once it has this many (>= 2)
+    tombstone_ratio: float = 0.5  # rewrite a block once this fraction of its rows is deleted
+    max_blocks: int = 64  # blocks merged at most in one compaction (bounds its work)
 
 
 @dataclass
@@ -124,6 +146,7 @@ class KwalConfig:
     objectstore: ObjectStoreConfig = field(default_factory=ObjectStoreConfig)
     wal: WalConfig = field(default_factory=WalConfig)
     tn: TnConfig = field(default_factory=TnConfig)
+    compaction: CompactionConfig = field(default_factory=CompactionConfig)
     stack: StackConfig = field(default_factory=StackConfig)
     bootstrap_explicit: bool = False  # set when a file or the environment named bootstrap.servers
 

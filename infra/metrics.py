@@ -1,7 +1,10 @@
 """Prometheus metrics of a kwal process, served as text on a local port.
 
 One registry per process (`METRICS`); components update it, `serve(port)`
-exposes it on 127.0.0.1 (set `[tn] metrics_port`; 0 = off).
+exposes it on 127.0.0.1 (set `[tn] metrics_port`; 0 = off). The TN's gauges are
+set by its sampler (tn.service.metrics_sampler) every `tn.metrics_interval_s`; a
+CN's are read when scraped (consumers.core.cn). docs/metrics.md lists them all, and
+infra/monitoring/ has the alert rules and a Grafana dashboard built on them.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
+        # -- the TN ------------------------------------------------------------------------
         self.commits = Counter("kwal_commits", "committed transactions", registry=r)
         self.aborts = Counter("kwal_aborts", "aborted transactions", ["reason"], registry=r)
         self.commit_latency = Histogram(
@@ -24,13 +28,58 @@ class Metrics:
         self.wal_bytes_since_checkpoint = Gauge(
             "kwal_wal_bytes_since_checkpoint", "WAL bytes appended since the last checkpoint", registry=r
         )
+        self.wal_entries_since_checkpoint = Gauge(
+            "kwal_wal_entries_since_checkpoint", "WAL entries appended since the last checkpoint", registry=r
+        )
         self.window_occupancy = Gauge(
-            "kwal_wal_window_occupancy", "WAL entries issued but not yet acknowledged", registry=r
+            "kwal_wal_window_occupancy",
+            "the most WAL entries issued but not yet acknowledged at once since the previous sample",
+            registry=r,
+        )
+        self.wal_last_lsn = Gauge("kwal_wal_last_lsn", "the newest LSN issued", registry=r)
+        self.wal_truncated_lsn = Gauge(
+            "kwal_wal_truncated_lsn", "the WAL's durable truncation point (LSN)", registry=r
         )
         self.logtail_lag = Gauge(
-            "kwal_logtail_lag_entries", "committed entries not yet published to logtail topics", registry=r
+            "kwal_logtail_lag_entries",
+            "the most committed entries not yet published to logtail topics at once since the "
+            "previous sample",
+            registry=r,
         )
         self.last_checkpoint_ts = Gauge("kwal_last_checkpoint_ts", "ts of the last checkpoint", registry=r)
+        self.last_checkpoint_age = Gauge(
+            "kwal_last_checkpoint_age_seconds",
+            "seconds since the last checkpoint was written (since the TN started, before its first)",
+            registry=r,
+        )
+        self.retention_headroom = Gauge(
+            "kwal_wal_retention_headroom_seconds",
+            "seconds until retention could delete a WAL entry no checkpoint covers yet "
+            "(+Inf: unlimited retention)",
+            registry=r,
+        )
+        self.log_failures = Counter(
+            "kwal_log_failures", "WAL failures that stopped the engine", ["kind"], registry=r
+        )
+        self.compactions = Counter(
+            "kwal_compactions", "compactions/merges committed (metadata-only WAL entries)", registry=r
+        )
+        self.compacted_blocks = Counter(
+            "kwal_compacted_blocks", "flushed blocks replaced by compactions", registry=r
+        )
+        # -- a CN --------------------------------------------------------------------------
+        self.cn_watermark = Gauge(
+            "kwal_cn_watermark_ts", "the CN's watermark (every table it follows)", ["cn"], registry=r
+        )
+        self.cn_lag = Gauge(
+            "kwal_cn_watermark_lag_seconds",
+            "wall-clock seconds the CN's watermark is behind now",
+            ["cn"],
+            registry=r,
+        )
+        self.cn_records = Counter(
+            "kwal_cn_applied_records", "logtail records the CN applied", ["cn"], registry=r
+        )
 
 
 METRICS = Metrics()

@@ -14,6 +14,8 @@ would make with its own defaults (partitions, cleanup, retention) is an error in
 | wal-meta           | 1                     | compact        | latest truncation point/epoch |
 | catalog            | 1                     | compact,delete | -1 (+ heartbeats compacted)   |
 | logtail.<db>.<tbl> | 1                     | compact,delete | -1 (+ heartbeats compacted)   |
+| ops                | 1                     | delete         | 1 day: operator commands to   |
+|                    |                       |                | the running TN (kwal ops ...) |
 
 The catalog and logtail topics: every record has a key of its own except heartbeats,
 which all share one key (`schemas.logtail.HEARTBEAT_KEY`). Compaction therefore keeps
@@ -93,6 +95,7 @@ def core_topics(cfg: KwalConfig) -> list[TopicSpec]:
         TopicSpec(t.results, 1, _bounded(t.requests_retention_ms)),
         *wal_topics(cfg),
         TopicSpec(t.catalog, 1, _rows(cfg, _logtail_config(cfg))),
+        TopicSpec(t.ops, 1, {"cleanup.policy": "delete", "retention.ms": str(24 * 3600 * 1000)}),
     ]
 
 

@@ -1,6 +1,6 @@
 """The client library services use to send transactions to kwal and await results."""
 
-from producers.client import Client, CommitResult, Transaction
+from producers.client import Client, CommitResult, Transaction, new_request_id
 from producers.exceptions import (
     AbortedError,
     ClientClosedError,
@@ -22,4 +22,5 @@ __all__ = [
     "TimeoutError",
     "Transaction",
     "ValidationError",
+    "new_request_id",
 ]

@@ -6,6 +6,7 @@
     txn.insert("shop.orders", [{"id": 1, "amount": 9.5}])
     result = txn.commit(timeout=10)            # CommitResult(commit_ts, request_id)
     future = other_txn.commit_async()          # Future[CommitResult]
+    txn.commit(request_id=rid)                 # a retry: the TN runs an id once (docs/retries.md)
 
 How results come back: every Client in a process shares (per bootstrap and
 results topic) ONE Kafka producer and ONE results reader thread. The reader
@@ -17,7 +18,9 @@ one; results whose request id this process did not issue (or gave up
 waiting for) are ignored. A request's future is registered before the
 request is produced, so a result can never arrive unrouted.
 
-Request ids are uuid4 hex strings; the TN deduplicates on them.
+Request ids are uuid4 hex strings unless the caller names one (`commit(request_id=...)`,
+to retry after a timeout or a restart of its own); the TN runs an id once and answers
+every copy with the first outcome (docs/retries.md).
 """
 
 from __future__ import annotations
@@ -62,6 +65,35 @@ Rows: TypeAlias = pa.Table | pa.RecordBatch | Sequence[Mapping[str, Any]] | Sequ
 class CommitResult:
     commit_ts: int
     request_id: str
+
+
+MAX_REQUEST_ID_BYTES = 256  # the TN reads an id back from a body it cannot decode up to this
+
+
+def new_request_id() -> str:
+    """A fresh request id (what a transaction gets unless the caller names one)."""
+    return uuid.uuid4().hex
+
+
+def check_request_id(request_id: object) -> str:
+    """A caller's request id, or ValidationError naming what is wrong with it: a non-empty
+    string of at most MAX_REQUEST_ID_BYTES UTF-8 bytes, not starting with '@' (the TN
+    names undecodable requests '@<partition>:<offset>')."""
+    if not isinstance(request_id, str) or not request_id:
+        raise ValidationError(
+            f"request_id must be a non-empty string, got {request_id!r}", code="bad_request_id"
+        )
+    if len(request_id.encode("utf-8")) > MAX_REQUEST_ID_BYTES:
+        raise ValidationError(
+            f"request_id is {len(request_id.encode('utf-8'))} bytes; at most {MAX_REQUEST_ID_BYTES}",
+            code="bad_request_id",
+        )
+    if request_id.startswith("@"):
+        raise ValidationError(
+            f"request_id {request_id!r} starts with '@', which names undecodable requests",
+            code="bad_request_id",
+        )
+    return request_id
 
 
 def split_table(name: str) -> tuple[str, str]:
@@ -199,7 +231,8 @@ class _ResultRouter:
     def __init__(self, cfg: KwalConfig, topic: str, timeout_s: float) -> None:
         self.topic = topic
         self._key = (cfg.bootstrap, topic)
-        self._pending: dict[str, Future[CommitResult]] = {}
+        # request id -> the futures waiting for its result (one per send of the id)
+        self._pending: dict[str, list[Future[CommitResult]]] = {}
         self._plock = threading.Lock()
         self._refs = 0
         self._stop = threading.Event()
@@ -255,24 +288,31 @@ class _ResultRouter:
         self._consumer.close()
         with self._plock:
             pending, self._pending = self._pending, {}
-        for fut in pending.values():
-            if not fut.done():
-                fut.set_exception(ClientClosedError("client closed before the result arrived"))
+        for futs in pending.values():
+            for fut in futs:
+                if not fut.done():
+                    fut.set_exception(ClientClosedError("client closed before the result arrived"))
 
     def register(self, request_id: str) -> Future[CommitResult]:
+        """A future for the next result of `request_id`. An id sent again while an earlier
+        send still waits gets a future of its own: the TN answers every copy, and the
+        first answer settles both."""
         fut: Future[CommitResult] = Future()
         with self._plock:
-            self._pending[request_id] = fut
+            self._pending.setdefault(request_id, []).append(fut)
         return fut
 
-    def forget(self, request_id: str) -> None:
+    def forget(self, request_id: str, fut: Future[CommitResult]) -> None:
         with self._plock:
-            self._pending.pop(request_id, None)
+            futs = self._pending.get(request_id)
+            if futs is not None and fut in futs:
+                futs.remove(fut)
+                if not futs:
+                    del self._pending[request_id]
 
-    def fail(self, request_id: str, error: ProducerError) -> None:
-        with self._plock:
-            fut = self._pending.pop(request_id, None)
-        if fut is not None and not fut.done():
+    def fail(self, request_id: str, fut: Future[CommitResult], error: ProducerError) -> None:
+        self.forget(request_id, fut)
+        if not fut.done():
             fut.set_exception(error)
 
     def _run(self) -> None:
@@ -297,13 +337,16 @@ class _ResultRouter:
         except Exception:
             return  # not ours to judge; a result we cannot read routes nowhere
         with self._plock:
-            fut = self._pending.pop(res.request_id, None)
-        if fut is None or fut.done():
-            return
-        if res.committed:
-            fut.set_result(CommitResult(res.commit_ts, res.request_id))
-        else:
-            fut.set_exception(error_for(res.kind.value, res.reason, res.message, res.request_id))
+            futs = self._pending.pop(res.request_id, [])
+        for fut in futs:
+            if fut.done():
+                continue
+            if res.committed:
+                fut.set_result(CommitResult(res.commit_ts, res.request_id))
+            else:
+                fut.set_exception(
+                    error_for(res.kind.value, res.reason, res.message, res.request_id)
+                )
 
 
 # ---- the public API ------------------------------------------------------------------------
@@ -351,6 +394,7 @@ class Client:
             if err is not None:
                 router.fail(
                     rid,
+                    fut,
                     ProducerError(
                         f"request not delivered: {err}", code="delivery_failed", request_id=rid
                     ),
@@ -385,8 +429,8 @@ class Client:
                 else:
                     time.sleep(0.005)
 
-    def _forget(self, request_id: str) -> None:
-        self._router.forget(request_id)
+    def _forget(self, request_id: str, fut: Future[CommitResult]) -> None:
+        self._router.forget(request_id, fut)
 
     def flush(self, timeout: float = 10.0) -> None:
         self._shared.flush(timeout)
@@ -412,7 +456,7 @@ class Transaction:
         self._client = client
         self._ops: list[TxnOp] = []
         self._sent = False
-        self.request_id = uuid.uuid4().hex
+        self.request_id = new_request_id()
 
     def _add(self, op: TxnOp) -> Transaction:
         if self._sent:
@@ -465,9 +509,16 @@ class Transaction:
         return self._add(TxnOp(OpKind.DELETE, db, t, keys=tuple(keys)))
 
     # commit
-    def commit_async(self) -> Future[CommitResult]:
+    def commit_async(self, request_id: str | None = None) -> Future[CommitResult]:
+        """Send; the future gets the result. `request_id`: the id of an earlier attempt of
+        this same transaction whose outcome is unknown (a timeout, a restart of the
+        caller): the TN runs an id once and answers a repeat with the first outcome, while
+        that attempt is among its last `tn.dedup_window` requests (docs/retries.md).
+        Default: a fresh id (`self.request_id`)."""
         if self._sent:
             raise ProducerError("transaction already committed", code="already_committed")
+        if request_id is not None:
+            self.request_id = check_request_id(request_id)
         if not self._ops:
             raise ValidationError("empty transaction", code="empty_transaction")
         self._sent = True
@@ -479,14 +530,15 @@ class Transaction:
         )
         return self._client._send(req)
 
-    def commit(self, timeout: float | None = 30.0) -> CommitResult:
+    def commit(self, timeout: float | None = 30.0, request_id: str | None = None) -> CommitResult:
         """Send and wait. Raises ConflictError, ValidationError, TimeoutError
-        (outcome unknown), or another ProducerError."""
-        fut = self.commit_async()
+        (outcome unknown: retry with `request_id=err.request_id`), or another
+        ProducerError. `request_id` as in `commit_async`."""
+        fut = self.commit_async(request_id)
         try:
             return fut.result(timeout=timeout)
         except FutureTimeout:
-            self._client._forget(self.request_id)
+            self._client._forget(self.request_id, fut)
             raise TimeoutError(
                 f"no result for request {self.request_id} within {timeout}s (outcome unknown)",
                 request_id=self.request_id,

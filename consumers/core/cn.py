@@ -74,6 +74,7 @@ from schemas.logtail import (
     decode_logtail,
 )
 from tn.checkpoint.manifest import CatalogSnapshot, Manifest, newest_manifest, schema_in
+from tn.txn.clock import LOGICAL_BITS
 
 log = logging.getLogger(__name__)
 
@@ -300,9 +301,12 @@ class CN(CNCore):
         name: str = "default",
         commit_interval_s: float = 1.0,
         bootstrap: bool = True,
+        metrics_port: int = 0,
     ) -> None:
         """With a `store` (and `bootstrap`), start from its newest checkpoint (Pull);
-        without one, read every topic from its first record."""
+        without one, read every topic from its first record. `metrics_port`: serve this
+        process's metrics (`infra.metrics`) on 127.0.0.1 at that port (0: the process
+        serves them itself, or not at all)."""
         super().__init__(tables, store.get if store is not None else None)
         self.cfg = cfg
         self.store = store
@@ -324,6 +328,7 @@ class CN(CNCore):
         self._offsets: dict[str, int] = {}  # the bootstrap checkpoint's logtail offsets
         self.started_from: dict[str, int] = {}  # positions set by the last bootstrap
         self.on_table_created = self._follow
+        self._metrics_port = metrics_port
 
     def _follow(self, table: str) -> None:
         database, _, name = table.partition(".")
@@ -370,9 +375,24 @@ class CN(CNCore):
             )
         )
         self._consumer.assign([TopicPartition(t, 0, o) for t, o in self.positions.items()])
+        self._export_metrics()
         self._thread = threading.Thread(target=self._run, name="kwal-cn", daemon=True)
         self._thread.start()
         return self
+
+    def _export_metrics(self) -> None:
+        """This CN's watermark and its lag behind the wall clock, read when scraped
+        (`infra.metrics`, label `cn` = its name); served where the process serves them
+        (`kwal cn tail --metrics-port`)."""
+        from infra.metrics import METRICS, serve
+
+        if self._metrics_port:
+            serve(self._metrics_port)
+        METRICS.cn_watermark.labels(self.name).set_function(self.watermark)
+        METRICS.cn_lag.labels(self.name).set_function(
+            lambda: max(0.0, time.time() - (self.watermark() >> LOGICAL_BITS) / 1000.0)
+        )
+        self._records_metric = METRICS.cn_records.labels(self.name)
 
     def _commit(self) -> None:
         """Commit the positions that moved since the last commit (for operators' lag only;
@@ -454,6 +474,7 @@ class CN(CNCore):
                         self._apply(record)
                         self.positions[topic] = max(self.positions.get(topic, 0), offset + 1)
                     self._applied()
+                self._records_metric.inc(len(records))
             if truncated:
                 self._bootstrap_again(truncated)
                 continue

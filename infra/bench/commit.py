@@ -1,7 +1,7 @@
 """`kwal bench commit`: committed transactions/s and client-observed commit latency.
 
 The real path: `producers.Client` -> requests topic -> TN (a subprocess, WAL on
-cfg.wal.backend; file in a temp dir by default) -> WAL -> results topic ->
+cfg.wal.backend: the Kafka WAL by default, or files in a temp dir) -> WAL -> results topic ->
 client. For 1, 16 and 64 concurrent clients (each its own `Client`, with one
 1-row insert transaction in flight at a time: the next is sent when the
 previous one's result arrives) for `--seconds` each.

@@ -9,7 +9,7 @@ from infra.config import ConfigError, KwalConfig
 
 def test_defaults_are_the_embedded_stack() -> None:
     cfg = KwalConfig.load(environ={})
-    assert cfg.wal.backend == "file"
+    assert cfg.wal.backend == "kafka"  # Kafka is the Log Service; `file` is asked for by name
     assert cfg.topics.wal == "kwal.wal"
     assert cfg.topics.logtail("db", "t") == "kwal.logtail.db.t"
     assert not cfg.bootstrap_explicit

@@ -2,8 +2,8 @@
 
     report = crash_cycles(cfg, workdir, cycles=3)   # raises AssertionError on a violation
 
-Each cycle: start `python -m tn.service.main` (file backend by default, or
-`backend="kafka"`), drive load from an in-process `producers.Client` (that
+Each cycle: start `python -m tn.service.main` (on the log backend its config
+names: the callers set `cfg.wal.backend`), drive load from an in-process `producers.Client` (that
 client lives across TN restarts), SIGKILL the TN while transactions are in
 flight, then — with the TN dead — recover the WAL in this process and check
 that every commit acknowledged so far is present. At the end the TN is

@@ -8,6 +8,9 @@
 - merge_segment: the same for every block of a segment whose blocks are all flushed
   and complete: their live rows sorted by key into new blocks of a new segment
   (reason MERGE); the old segment and blocks get delete@C.
+- merge_blocks: the same for flushed, complete blocks of one table from any segments
+  (what the scheduled policy, tn.checkpoint.policy, picks); a segment left without a
+  live block gets delete@C too.
 - attach_object (large transaction): a producer uploads a Parquet file with the
   table's columns to object storage and commits a metadata-only transaction: the
   TN validates it (object exists; columns and types match the schema; keys
@@ -24,7 +27,7 @@ updates one of them conflicts (retry) instead of deleting a row of the old block
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -86,7 +89,9 @@ def _table(engine: Any, database: str, table: str) -> tuple[TableNode, TableSche
     return t, schema
 
 
-def _compactable(blk: BlockNode) -> bool:
+def compactable(blk: BlockNode) -> bool:
+    """A live block whose object holds every row it will ever have (flushed, complete,
+    its columns dropped from memory): the only kind a compaction may rewrite."""
     return (
         blk.delete_ts == MAX_TS
         and bool(blk.meta_loc)
@@ -159,7 +164,7 @@ def _rewrite(
     reason: CatalogReason,
     snapshot: int,
     new_segment: bool,
-    drop_segment: bool = False,
+    drop_segments: Sequence[SegmentNode] = (),
     publish: Publish | None = None,
 ) -> int:
     """Commit the replacement of old_blocks by `rows` (sorted) in new blocks."""
@@ -168,8 +173,7 @@ def _rewrite(
     pk = schema.column(pk_name).column_id
     rows = rows.sort_by([(pk_name, "ascending")])
     n = rows.num_rows
-    seg_old = old_blocks[0].segment
-    seg = SegmentNode(cat.new_id(), t) if new_segment else seg_old
+    seg = SegmentNode(cat.new_id(), t) if new_segment else old_blocks[0].segment
     plans: list[tuple[BlockNode, str, list[Any], list[int]]] = []
     for start in range(0, max(n, 1), BLOCK_ROWS):
         chunk = rows.slice(start, BLOCK_ROWS)
@@ -195,6 +199,9 @@ def _rewrite(
                 return ConflictError("write_conflict", f"key {k!r} was written during compaction")
         if t.delete_ts != MAX_TS:
             return ConflictError("ddl_conflict", "table dropped during compaction")
+        for gone in drop_segments:
+            if any(b.delete_ts == MAX_TS and b.id not in old_ids for b in gone.blocks):
+                return ConflictError("write_conflict", f"segment {gone.id} got a new block")
         return None
 
     def build(cts: int) -> list[Command]:
@@ -236,13 +243,13 @@ def _rewrite(
                     reason,
                 )
             )
-        if drop_segment:
-            seg_old.delete_ts = cts
+        for gone in drop_segments:
+            gone.delete_ts = cts
             out.append(
                 UpdateCatalog(
                     CatalogKind.SEGMENT,
-                    Dest(db_id, t.id, seg_old.id),
-                    EntryNode(seg_old.create_ts, cts),
+                    Dest(db_id, t.id, gone.id),
+                    EntryNode(gone.create_ts, cts),
                     reason,
                 )
             )
@@ -268,12 +275,12 @@ def compact_block(
     (not flushed/complete yet: checkpoint first) and ConflictError on a concurrent write."""
     t, schema = _table(engine, database, table)
     blk = engine.catalog.nodes.get(block_id)
-    if not isinstance(blk, BlockNode) or blk.segment.table is not t or not _compactable(blk):
+    if not isinstance(blk, BlockNode) or blk.segment.table is not t or not compactable(blk):
         raise ValidationError("bad_request", f"block {block_id} is not a flushed, complete block")
     s = engine.heartbeat().result()
     rows = _live_rows(engine, blk, s, t)
     return _rewrite(
-        engine, store, t, schema, [blk], rows, CatalogReason.COMPACT, s, False, False, publish
+        engine, store, t, schema, [blk], rows, CatalogReason.COMPACT, s, False, (), publish
     )
 
 
@@ -294,7 +301,7 @@ def merge_segment(
             "bad_request", f"segment {segment_id} is not a live segment of {table}"
         )
     live = [b for b in seg.blocks if b.delete_ts == MAX_TS]
-    blocks = [b for b in live if _compactable(b)]
+    blocks = [b for b in live if compactable(b)]
     if not blocks:
         raise ValidationError("bad_request", f"segment {segment_id} has no flushed, complete block")
     s = engine.heartbeat().result()
@@ -311,8 +318,45 @@ def merge_segment(
         CatalogReason.MERGE,
         s,
         True,
-        len(blocks) == len(live),
+        [seg] if len(blocks) == len(live) else [],
         publish,
+    )
+
+
+def merge_blocks(
+    engine: Any,
+    store: ObjectStore,
+    database: str,
+    table: str,
+    block_ids: Sequence[int],
+    publish: Publish | None = None,
+) -> int:
+    """Merge flushed, complete blocks of one table (from any of its segments) into
+    sorted blocks of a new segment; each segment left without a live block is deleted
+    with them. Returns the merge's commit ts. Raises ValidationError when a block is
+    not a compactable block of the table, ConflictError on a concurrent write."""
+    t, schema = _table(engine, database, table)
+    blocks: list[BlockNode] = []
+    for block_id in sorted(set(block_ids)):
+        blk = engine.catalog.nodes.get(block_id)
+        if not isinstance(blk, BlockNode) or blk.segment.table is not t or not compactable(blk):
+            raise ValidationError(
+                "bad_request", f"block {block_id} is not a flushed, complete block of {table}"
+            )
+        blocks.append(blk)
+    if len(blocks) < 2:
+        raise ValidationError("bad_request", "a merge takes at least two blocks")
+    ids = {b.id for b in blocks}
+    segments = {b.segment.id: b.segment for b in blocks}
+    emptied = [
+        seg
+        for seg in segments.values()
+        if all(b.id in ids for b in seg.blocks if b.delete_ts == MAX_TS)
+    ]
+    s = engine.heartbeat().result()
+    rows = pa.concat_tables([_live_rows(engine, b, s, t) for b in blocks])
+    return _rewrite(
+        engine, store, t, schema, blocks, rows, CatalogReason.MERGE, s, True, emptied, publish
     )
 
 
@@ -456,5 +500,7 @@ __all__ = [
     "apply_object_block",
     "attach_object",
     "compact_block",
+    "compactable",
+    "merge_blocks",
     "merge_segment",
 ]

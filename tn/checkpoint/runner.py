@@ -165,10 +165,22 @@ class CheckpointRunner:
                 for c in entry.commands
             )
 
+    def oldest_uncovered_ts(self) -> int:
+        """The commit ts of the oldest WAL entry no checkpoint covers yet (0: none)."""
+        t0 = self.last.ts if self.last is not None else 0
+        with self._lock:
+            return min((e.cts for e in self._touched if e.cts > t0), default=0)
+
     def wal_since(self) -> tuple[int, int]:
         """(entries, approximate bytes) committed since the last checkpoint began."""
         with self._lock:
             return self._entries_since, self._wal_since
+
+    @property
+    def exclusive(self) -> threading.Lock:
+        """Held while a checkpoint runs: whoever rewrites flushed blocks (the scheduled
+        compaction) holds it too, so a checkpoint never dumps a block being replaced."""
+        return self._run_lock
 
     def _step(self, name: str) -> None:
         if self.hook is not None:

@@ -96,6 +96,8 @@ class LogStore:
         self._driver = driver
         self._lock = threading.Lock()
         self._next = driver.last_lsn() + 1
+        self._in_flight = 0  # entries appended whose future has not completed
+        self._peak = 0  # the most in flight at once since `window()` was last asked
 
     @property
     def driver(self) -> LogDriver:
@@ -113,7 +115,22 @@ class LogStore:
             payload = encode(lsn) if callable(encode) else encode
             future = self._driver.append(lsn, payload)
             self._next = lsn + 1
-            return future
+            self._in_flight += 1
+            self._peak = max(self._peak, self._in_flight)
+        future.add_done_callback(self._landed)
+        return future
+
+    def _landed(self, _future: Future[int]) -> None:
+        with self._lock:
+            self._in_flight -= 1
+
+    def window(self) -> tuple[int, int]:
+        """(entries in flight now, the most in flight at once since the last call): the
+        window occupancy a metrics sample reports, which a sample taken between two
+        bursts would otherwise miss."""
+        with self._lock:
+            peak, self._peak = self._peak, self._in_flight
+            return self._in_flight, peak
 
     def records(self, from_lsn: int | None = None, max_bytes: int = 4 << 20) -> Iterator[LogRecord]:
         """Every stored entry from `from_lsn` (default: just after the truncation point)."""

@@ -92,6 +92,7 @@ class LogtailPublisher:
         self.errors: list[str] = []
         self.published_lsn = 0
         self.published_ts = 0
+        self._lag_peak = 0  # the most committed entries waiting to be published at once
         self._thread = threading.Thread(target=self._run, name="kwal-logtail", daemon=True)
         self._idle = threading.Event()
         self._idle.set()
@@ -110,6 +111,13 @@ class LogtailPublisher:
     def on_commit(self, entry: WalEntry) -> None:
         self._idle.clear()
         self._queue.put(entry)
+        self._lag_peak = max(self._lag_peak, entry.lsn - self.published_lsn)
+
+    def lag_peak(self) -> int:
+        """The most committed entries queued but not yet published at once since the last
+        call (a metrics sample): this entry's LSN minus the last published one, at commit."""
+        peak, self._lag_peak = self._lag_peak, 0
+        return peak
 
     def on_heartbeat(self, ts: int) -> None:
         self._idle.clear()

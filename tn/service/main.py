@@ -1,8 +1,9 @@
 """`kwal tn run` (or `python -m tn.service.main`): the TN process.
 
-Opens the configured log backend (cfg.wal.backend: file | kafka | memory),
+Opens the configured log backend (cfg.wal.backend: kafka | file | memory),
 rebuilds the engine from the newest checkpoint plus the WAL after it, makes sure the topics exist,
-and serves requests until SIGTERM or SIGINT, then drains in-flight commits,
+runs checkpoints and the compaction policy in the background, answers `kwal ops` commands
+on the ops topic, and serves requests until SIGTERM or SIGINT, then drains in-flight commits,
 publishes their results and closes the log. Prints one line
 ``kwal-tn ready <requests topic>`` on stderr once it is consuming.
 """
@@ -62,7 +63,6 @@ def freeze_startup_heap() -> None:
 
 def _status_publisher(cfg: KwalConfig, log: LogStore) -> Any:
     """Report the Kafka WAL writer's state (window occupancy) for `kwal ops status`."""
-    from infra.metrics import METRICS
     from infra.ops.walscan import StatusPublisher
     from tn.logstore.kafka_backend import KafkaDriver
 
@@ -73,7 +73,6 @@ def _status_publisher(cfg: KwalConfig, log: LogStore) -> Any:
     def status() -> dict[str, Any]:
         st = driver.status()
         in_flight = int(st["last_lsn"]) - int(st["acked_lsn"])  # type: ignore[call-overload]
-        METRICS.window_occupancy.set(in_flight)
         return {**st, "window": cfg.wal.window, "in_flight": in_flight}
 
     return StatusPublisher(cfg, status).start()
@@ -99,6 +98,7 @@ def run(args: Any, cfg: KwalConfig) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    from infra.metrics import METRICS
     from infra.metrics import serve as serve_metrics
 
     stop = threading.Event()
@@ -126,10 +126,12 @@ def run(args: Any, cfg: KwalConfig) -> int:
         if isinstance(outcome, int):
             return outcome
         started, reopens = True, 0
+        fenced = isinstance(outcome.__cause__, LogFencedError)
+        METRICS.log_failures.labels("fenced" if fenced else "failed").inc()
         if cfg.wal.backend == "memory":  # reopening would start from an empty log
             print(f"kwal-tn: the in-memory log failed: {outcome}", file=sys.stderr, flush=True)
             return 1
-        if isinstance(outcome.__cause__, LogFencedError):
+        if fenced:
             print(f"kwal-tn: fenced by a newer TN, exiting: {outcome}", file=sys.stderr, flush=True)
             return FENCED_EXIT
         delay = REOPEN_BACKOFF_S[0]
@@ -144,8 +146,12 @@ def _serve(cfg: KwalConfig, stop: threading.Event) -> int | BaseException:
     (or 1 when a service thread died), or the log failure that halted the service."""
     from infra.topics import ensure_topics
     from schemas.codec import decode_entry
+    from tn.checkpoint.policy import CompactionPolicy
+    from tn.checkpoint.scheduler import start_compaction
     from tn.checkpoint.wiring import recover_from_config, start_checkpoints
     from tn.logtail.wiring import attach_logtail
+    from tn.service.metrics_sampler import MetricsSampler
+    from tn.service.ops_listener import OpsListener
     from tn.service.service import TnService
 
     ensure_topics(cfg)
@@ -170,6 +176,19 @@ def _serve(cfg: KwalConfig, stop: threading.Event) -> int | BaseException:
         parts.callback(lambda: logtail.close(patience(10.0)))
         checkpoints = start_checkpoints(recovered, cfg, logtail=logtail)
         parts.callback(checkpoints.stop)
+        compaction = start_compaction(
+            engine,
+            recovered.store,
+            CompactionPolicy.from_config(cfg.compaction),
+            cfg.compaction.interval_s,
+            exclusive=checkpoints.exclusive,
+            publish=logtail.publisher.publish_records,
+        )
+        parts.callback(compaction.stop)
+        ops = OpsListener(cfg, compaction).start()
+        parts.callback(ops.stop)
+        sampler = MetricsSampler(log, checkpoints, logtail.publisher, cfg.tn.metrics_interval_s)
+        parts.callback(sampler.start().stop)
         service = TnService(cfg, engine)
         status = _status_publisher(cfg, log)
         if status is not None:

@@ -28,7 +28,7 @@ WAL, atomically with the user's writes:
   ``results_offset`` (R) is at or below the results-topic offset of every
   result already delivered for a request at or above C. The same transaction
   deletes ``requests`` rows more than `dedup_window` (100,000) offsets below
-  C, so that table stays bounded.
+  C, so that table stays bounded. (`dedup_window` is `tn.dedup_window`.)
 
 On start (after ``Engine.recover``) the TN reads both tables, then reads the
 results topic from R to its end to learn which requests at or above C already
@@ -44,12 +44,18 @@ got an answer, and resumes consuming at C. For each request from C on:
 
 Guarantees: a request's writes are applied at most once, also when a client
 re-sends the same request id, as long as the first copy is among the last
-`dedup_window` requests (or the last `recent_results` answered by this
-process); the repeat gets the first one's result again (a copy that arrives
+`dedup_window` requests; the repeat gets the first one's result again (a copy that arrives
 while the first is still committing waits for it and gets its result). Every
 request record consumed gets at least one result; a client can receive a result twice
 (clients take the first and ignore the rest). A duplicate id arriving later
 than that horizon is executed again.
+
+Across a restart: a committed id is known from ``kwal_system.requests`` (its row was
+in the WAL entry of the commit, and is in every checkpoint taken since, so replay
+rebuilds it). An aborted id wrote nothing to the WAL: its outcome is known from the
+results topic, which the restart scan reads back far enough to cover the window
+(results of requests at or above C - `dedup_window`), as long as the topic's retention
+keeps them.
 
 Grouping
 --------
@@ -166,8 +172,8 @@ class TnService:
         exactly_once: bool = True,
         max_inflight: int = 8192,
         progress_interval_s: float = 0.5,
-        recent_results: int = 100_000,
-        dedup_window: int = 100_000,
+        recent_results: int | None = None,
+        dedup_window: int | None = None,
         group_max: int = 64,
     ) -> None:
         self.cfg = cfg
@@ -186,13 +192,14 @@ class TnService:
         self._pending: list[int] = []  # heap of request offsets not yet resolved
         self._resolved: set[int] = set()  # lazily removed from the heap
         self._next_offset = 0  # one past the last consumed request offset
+        self._received: dict[int, float] = {}  # request offset -> when consumed (latency)
         self._delivered_above: dict[int, int] = {}  # req offset -> result offset
         self._last_result_offset = -1
         self._committed_ids: list[tuple[int, str]] = []  # (req offset, id) to prune
         self._inflight_ids: set[str] = set()
         self._recent: OrderedDict[str, TxnResult] = OrderedDict()
-        self._recent_max = recent_results
-        self.dedup_window = dedup_window
+        self.dedup_window = cfg.tn.dedup_window if dedup_window is None else dedup_window
+        self._recent_max = self.dedup_window if recent_results is None else recent_results
         self.group_max = group_max
         self._retries: queue.SimpleQueue[_Member] = queue.SimpleQueue()
         # request offsets that already have a result on the results topic (read at start)
@@ -313,7 +320,11 @@ class TnService:
         for row in self.engine.read(SYSTEM_DB, REQUESTS_TABLE).to_pylist():
             self._committed_before[row["request_id"]] = int(row["req_offset"])
             self._committed_ids.append((int(row["req_offset"]), row["request_id"]))
-        self._scan_results(max(0, r - RESULTS_SLACK) if r >= 0 else 0, max(c, 0))
+        self._scan_results(
+            max(0, r - RESULTS_SLACK - self.dedup_window) if r >= 0 else 0,
+            max(c, 0),
+            max(c, 0) - self.dedup_window,
+        )
         log.info(
             "TN recovered: resume requests at %s; %d committed ids in window; %d answered",
             c,
@@ -322,8 +333,11 @@ class TnService:
         )
         return c if c >= 0 else OFFSET_BEGINNING
 
-    def _scan_results(self, from_offset: int, min_request_offset: int) -> None:
-        """Collect the ids of results already published for requests >= min_request_offset."""
+    def _scan_results(self, from_offset: int, min_request_offset: int, window_start: int) -> None:
+        """Collect the request offsets answered at or above `min_request_offset` (C), and
+        remember the results of requests at or above `window_start` (C - dedup_window), so
+        that a repeated id gets its first outcome, aborted ones included (they are in no
+        table)."""
         topic = self.cfg.topics.results
         consumer = Consumer(
             self.cfg.kafka_client(
@@ -358,6 +372,7 @@ class TnService:
                         continue
                     if res.request_offset >= min_request_offset:
                         self._answered_offsets.add(res.request_offset)
+                    if res.request_offset >= window_start:
                         self._remember(res)
                 if got:
                     idle_since = time.monotonic()
@@ -472,6 +487,7 @@ class TnService:
         with self._lock:
             heapq.heappush(self._pending, offset)
             self._next_offset = offset + 1
+            self._received[offset] = time.monotonic()
         self.processed += 1
         req: TxnRequest | None = None
         error: TxnResult | None = None
@@ -663,6 +679,9 @@ class TnService:
             METRICS.commits.inc()
         else:
             METRICS.aborts.labels(res.reason or "unknown").inc()
+        received = self._received.get(offset)
+        if received is not None:
+            METRICS.commit_latency.observe(time.monotonic() - received)
         self._out.put((res, key, offset))
 
     # ---- the publisher --------------------------------------------------------------------
@@ -739,6 +758,7 @@ class TnService:
             self._resolve_locked(offset)
 
     def _resolve_locked(self, offset: int) -> None:
+        self._received.pop(offset, None)
         self._resolved.add(offset)
         while self._pending and self._pending[0] in self._resolved:
             self._resolved.discard(heapq.heappop(self._pending))

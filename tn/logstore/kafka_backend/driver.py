@@ -150,6 +150,7 @@ class KafkaDriver(LogDriver):
         self.truncation_mode = "unknown"
         self.truncation_note = ""
         self.retention_warning = ""
+        self._retention_read: tuple[float, int | None] | None = None  # (monotonic, ms)
         # 1. topics
         if create_topics:
             ensure_topics(cfg, wal_topics(cfg))
@@ -469,6 +470,20 @@ class KafkaDriver(LogDriver):
         """Every record this driver knows of: (partition, offset) -> max LSN, time, size."""
         with self._writer.lock():
             return self._infos + list(self._writer.records)
+
+    def retention_ms(self, max_age_s: float = 30.0) -> int | None:
+        """The WAL topic's retention.ms (-1: unlimited; None: the broker cannot say), read
+        again at most every `max_age_s` (an operator may change it while the TN runs)."""
+        now = time.monotonic()
+        cached = self._retention_read
+        if cached is not None and now - cached[0] < max_age_s:
+            return cached[1]
+        try:
+            ms: int | None = read_retention(self._admin, self.topic, self._open_timeout).ms
+        except KafkaException:
+            ms = None
+        self._retention_read = (now, ms)
+        return ms
 
     def status(self) -> dict[str, object]:
         """What `kwal ops status` shows about this WAL writer."""
