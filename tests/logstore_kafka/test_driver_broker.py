@@ -30,6 +30,7 @@ def _all(driver: KafkaDriver) -> dict[int, bytes]:
     return {r.lsn: r.payload for r in LogStore(driver).records()}
 
 
+@pytest.mark.tansu
 def test_out_of_order_across_partitions_completes_in_lsn_order(wal_config: KwalConfig) -> None:
     """Records land on 4 partitions, several in flight, and become durable out of LSN order;
     futures still complete in LSN order: whenever LSN n is done, every LSN below it is done."""
@@ -132,6 +133,7 @@ def test_window_blocks_and_unblocks(wal_config: KwalConfig) -> None:
         d.close()
 
 
+@pytest.mark.tansu
 def test_seed_004_worked_example(wal_config: KwalConfig, raw_wal: RawWal) -> None:
     """Truncation to 7 stored at backend position 11; positions 5, 6, 7, 10 hold LSNs > 7."""
     layout = {
@@ -178,6 +180,7 @@ def test_seed_004_worked_example(wal_config: KwalConfig, raw_wal: RawWal) -> Non
         d2.close()
 
 
+@pytest.mark.tansu
 def test_logical_truncation_survives_restart(wal_config: KwalConfig) -> None:
     d = KafkaDriver(wal_config, delete_records=False)
     try:
@@ -236,6 +239,7 @@ def test_physical_truncation_where_broker_deletes_records(wal_config: KwalConfig
         d2.close()
 
 
+@pytest.mark.tansu
 def test_two_writers_older_is_fenced(wal_config: KwalConfig) -> None:
     a = KafkaDriver(wal_config, delete_records=False, writer_id="writer-a")
     b: KafkaDriver | None = None
