@@ -23,6 +23,7 @@ segment must hold kwal's largest record (`KwalConfig.max_record_bytes`, above
 
 from __future__ import annotations
 
+import base64
 import os
 import shutil
 import subprocess
@@ -175,7 +176,7 @@ class KafkaNode:
                f"-Dlog4j2.configurationFile={log4j}", "-cp", classpath]
         if not (self.data_dir / "meta.properties").exists():
             fmt = subprocess.run(
-                [*jvm, "kafka.tools.StorageTool", "format", "-t", _cluster_id(), "-c", str(config)],
+                [*jvm, "kafka.tools.StorageTool", "format", "-t", cluster_id(), "-c", str(config)],
                 capture_output=True, text=True, timeout=self.timeout_s, check=False,
             )
             if fmt.returncode != 0:
@@ -202,11 +203,16 @@ class KafkaNode:
             self.process.kill()
 
 
-def _cluster_id() -> str:
-    """A KRaft cluster id: 16 random bytes, URL-safe base64 without padding (22 chars)."""
-    import base64
+def cluster_id() -> str:
+    """A KRaft cluster id: 16 random bytes, URL-safe base64 without padding (22 chars).
 
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    Never one starting with "-": StorageTool's argument parser would take it for an
+    option and refuse the format (one start in 64 failed so); Kafka's own
+    `Uuid.randomUuid` draws again for the same reason."""
+    while True:
+        cid = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not cid.startswith("-"):
+            return cid
 
 
 def start_kafka(directory: Path, port: int | None = None, timeout_s: float = 120.0) -> ServerProcess:

@@ -212,3 +212,12 @@ def test_kafka_home_that_is_not_a_distribution_is_refused(
     monkeypatch.setenv("KAFKA_HOME", str(tmp_path))
     with pytest.raises(KafkaUnavailableError, match="not an Apache Kafka distribution"):
         kafka_classpath()
+
+
+def test_a_cluster_id_never_starts_with_a_dash() -> None:
+    """StorageTool's parser took an id starting with "-" for an option: the format failed."""
+    from infra.brokers.apache_kafka import cluster_id
+
+    ids = [cluster_id() for _ in range(2000)]
+    assert all(len(c) == 22 and not c.startswith("-") for c in ids)
+    assert len(set(ids)) == len(ids)
