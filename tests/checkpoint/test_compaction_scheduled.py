@@ -10,7 +10,6 @@ runs the policy now on a TN that never runs it by itself."""
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -29,6 +28,7 @@ from schemas.wal import Append, CatalogReason, UpdateCatalog
 from tests.checkpoint.helpers import create, delete, insert, open_log, reads, restart, shutdown
 from tests.ops.scrape import scrape, value
 from tests.service.harness import recover_engine
+from tests.waiting import wait_until
 from tn.checkpoint.manifest import Manifest, newest_manifest
 from tn.checkpoint.policy import CompactionPolicy
 from tn.checkpoint.runner import CheckpointRunner
@@ -147,17 +147,10 @@ def load_two_thinned_blocks(client: Client, cfg: KwalConfig) -> tuple[int, int]:
         t.insert("db.t", [{"id": k, "v": f"v{k}"} for k in range(b * BLOCK_ROWS, (b + 1) * BLOCK_ROWS)])
         inserted = t.commit(timeout=60).commit_ts
     store = open_store(cfg.objectstore)
-    wait_until(lambda: (m := newest_manifest(store)) is not None and m.ts >= inserted, "a checkpoint")
+    wait_until("a checkpoint", lambda: (m := newest_manifest(store)) is not None and m.ts >= inserted)
     t = client.begin()
     t.delete("db.t", [k for k in range(2 * BLOCK_ROWS) if k % BLOCK_ROWS >= KEEP])
     return inserted, t.commit(timeout=60).commit_ts
-
-
-def wait_until(cond: object, what: str, timeout_s: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not cond():  # type: ignore[operator]
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
 
 
 def expected_rows() -> list[dict[str, object]]:
@@ -183,7 +176,7 @@ def test_the_tn_compacts_by_itself_and_a_cn_follows(kwal_config: KwalConfig, tmp
                     return False
                 tid = next(s.table_id for s in cn.tables.get("db.t", []))
                 return len(data_objects(m, tid)) == 1
-            wait_until(merged, "the TN to merge the two small blocks and checkpoint")
+            wait_until("the TN to merge the two small blocks and checkpoint", merged)
             metrics = scrape(cfg.tn.metrics_port)  # the counters an operator sees moved
             assert value(metrics, "kwal_compactions_total") == 1
             assert value(metrics, "kwal_compacted_blocks_total") == 2

@@ -7,8 +7,6 @@ they skip and say so.
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -39,15 +37,6 @@ def lc_config(kwal_config: KwalConfig) -> KwalConfig:
 def data_dir(embedded_broker: ServerProcess | None) -> Path | None:
     """The session broker's data directory when it is a local Apache Kafka node."""
     return broker_data_dir(embedded_broker.log_path) if embedded_broker is not None else None
-
-
-def wait_for(what: str, cond: Callable[[], bool], timeout_s: float = 30.0) -> None:
-    """Poll `cond` until it holds; fail naming `what` after `timeout_s`."""
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout_s:.0f}s: {what}")
-        time.sleep(0.1)
 
 
 def starts(cfg: KwalConfig, topic: str, partitions: list[int]) -> dict[int, int]:

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import argparse
 import random
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +33,7 @@ from infra.ops.retention import apply_retention
 from infra.topics import admin_client
 from tests.logtail.conftest import Tn, random_steps, start_tn
 from tests.spark.helpers import spark_rows, tn_rows
+from tests.waiting import wait_until
 
 TABLES = ["db.a", "db.b"]
 TIMEOUT_S = 600  # a bound for a Spark run on a loaded machine (run() stops the query there), never a figure asserted
@@ -53,13 +53,6 @@ def quiet_tn(kwal_config: KwalConfig, tmp_path: Path) -> Iterator[Tn]:
     t = start_tn(kwal_config, FolderStore(tmp_path / "objects"), heartbeats=False)
     yield t
     t.close()
-
-
-def _until(what: str, done: Callable[[], bool], timeout_s: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not done():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)
 
 
 def _log_start(cfg: KwalConfig, topic: str) -> int:
@@ -153,13 +146,13 @@ def test_a_python_cn_fails_clearly_when_retention_deleted_records_no_checkpoint_
     admin = admin_client(cfg)
     apply_retention(admin, [topic_a], {"segment.ms": 20, "retention.ms": 100}, 10)
     # The TN's heartbeats (every 20 ms) roll db.a's segments; retention deletes the old ones.
-    _until("retention to delete db.a's records after the checkpoint",
+    wait_until("retention to delete db.a's records after the checkpoint",
            lambda: _log_start(cfg, topic_a) > start_a)
     final = tn.engine.heartbeat().result(10)
 
     cn = CN(cfg, TABLES, tn.store).start()
     try:
-        _until("the CN to stop on the gap", lambda: bool(cn.errors))
+        wait_until("the CN to stop on the gap", lambda: bool(cn.errors))
         low = _log_start(cfg, topic_a)
         (error,) = cn.errors
         assert f"table db.a ({topic_a}) offsets [{start_a}, " in error, error
@@ -171,7 +164,7 @@ def test_a_python_cn_fails_clearly_when_retention_deleted_records_no_checkpoint_
 
     bare = CN(cfg, TABLES).start()  # no object store: from offset 0
     try:
-        _until("the store-less CN to stop on the gap", lambda: bool(bare.errors))
+        wait_until("the store-less CN to stop on the gap", lambda: bool(bare.errors))
         (error,) = bare.errors
         assert "offsets [0, " in error and "no object store" in error, error
         assert bare.watermark() < final

@@ -26,7 +26,8 @@ from infra.ops import retention as ops_retention
 from infra.processes import free_port
 from infra.topics import TopicSpec, ensure_topics, logtail_topic
 from tests.checkpoint.helpers import create, insert, reads
-from tests.lifecycle.conftest import starts, wait_for
+from tests.lifecycle.conftest import starts
+from tests.waiting import wait_until
 from tn.checkpoint.manifest import Manifest
 from tn.checkpoint.recovery import recover
 from tn.checkpoint.runner import CheckpointRunner
@@ -86,7 +87,7 @@ def test_the_broker_deletes_wal_and_logtail_segments_by_retention(
     assert ops_retention.run(_args(set_ms=2500), cfg) == 0
     assert "set retention.ms=2500 on wal topic" in capsys.readouterr().out
     wal_end, lt_end = _end(cfg, cfg.topics.wal), _end(cfg, lt.name)
-    wait_for(
+    wait_until(
         "retention.ms deletes the WAL's truncated records and the logtail's old ones",
         lambda: starts(cfg, cfg.topics.wal, [0])[0] == wal_end
         and starts(cfg, lt.name, [0])[0] == lt_end,
@@ -131,7 +132,7 @@ def test_entries_deleted_by_retention_are_never_replayed_silently(
     admin = AdminClient(cfg.kafka_client())
     end = _end(cfg, cfg.topics.wal)
     alter_topic_configs(admin, [cfg.topics.wal], {"retention.ms": 500})
-    wait_for("retention deletes every WAL record", lambda: starts(cfg, cfg.topics.wal, [0])[0] == end)
+    wait_until("retention deletes every WAL record", lambda: starts(cfg, cfg.topics.wal, [0])[0] == end)
     with pytest.raises(AcknowledgedEntryLostError, match="recovered the log through LSN 10"):
         KafkaDriver(cfg, delete_records=False)
     capsys.readouterr()
@@ -169,9 +170,9 @@ def test_a_stalled_checkpoint_loses_nothing_while_retention_comes_due(
         # younger than every WAL record so far: once the broker deleted it, retention came
         # due for every WAL segment too, had its retention stayed the operator's
         _produce(cfg, control, 1)
-        wait_for("the broker deletes the control topic's record (retention came due)",
+        wait_until("the broker deletes the control topic's record (retention came due)",
                  lambda: starts(cfg, control, [0])[0] == 1)
-        wait_for("a checkpoint attempt failed", lambda: bool(runner.errors))
+        wait_until("a checkpoint attempt failed", lambda: bool(runner.errors))
         assert driver.truncated() == 0  # no checkpoint: nothing may be deleted
         # retention may take the opening marker's segment, never one holding an entry
         first_entry = min(i.offset for i in driver.records_map() if i.max_lsn > 0)
