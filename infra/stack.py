@@ -11,6 +11,7 @@ stack's (see `apply_stack`).
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -97,8 +98,6 @@ def start_stack(cfg: KwalConfig, storage: str = "memory", broker: str = DEFAULT_
     endpoint = f"http://{s3.address}"
     try:
         if broker == "kafka":
-            import shutil
-
             from infra.brokers.apache_kafka import start_kafka
 
             kafka_dir = state_dir / "kafka"

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from infra.brokers import metadata_ok
-from infra.maven import MavenError, resolve_jars, resolved_dir
+from infra.maven import MavenError, resolve_jars
 from infra.processes import ServerProcess, ServerStartError, free_port, start_server
 
 KAFKA_VERSION = "4.1.1"
@@ -118,11 +118,6 @@ def kafka_classpath() -> str:
     return f"{jars}/*"
 
 
-def kafka_installed() -> bool:
-    """True when starting a node needs no download."""
-    return bool(os.environ.get("KAFKA_HOME")) or resolved_dir(f"kafka-{KAFKA_VERSION}") is not None
-
-
 @dataclass
 class KafkaNode:
     """One combined broker+controller node whose data lives in `directory`.
@@ -197,10 +192,6 @@ class KafkaNode:
     def stop(self) -> None:
         if self.process is not None:
             self.process.stop(timeout_s=30)
-
-    def kill(self) -> None:
-        if self.process is not None:
-            self.process.kill()
 
 
 def cluster_id() -> str:
