@@ -47,6 +47,7 @@ from tn.commit.pipeline import CommitListener, CommitPipeline
 from tn.exceptions import EngineClosedError, LogFailedError, ValidationError
 from tn.logstore.driver import LogStore
 from tn.memtable.block import DroppedCols
+from tn.replay import replay
 from tn.txn.clock import LOGICAL_BITS, HybridClock
 from tn.txn.rows import ARROW_TYPES, arrow_schema
 from tn.txn.transaction import Transaction
@@ -77,8 +78,6 @@ class Engine:
     def recover(cls, log: LogStore, **kw: Any) -> Engine:
         """Rebuild the engine by replaying every entry of `log` (same ids, blocks, row offsets).
         A log truncated by a checkpoint lacks its head: use `tn.checkpoint.recover`."""
-        from tn.replay import replay
-
         if log.truncated() > 0:
             raise ValueError(
                 f"the WAL is truncated at LSN {log.truncated()} (a checkpoint): recover with "
@@ -86,13 +85,15 @@ class Engine:
             )
 
         engine = cls(log, **kw)
-        replay(engine, log.records())
+        last_ts = replay(engine.catalog, log.records())
+        engine.clock.observe(last_ts)
+        engine.pipeline.visible_ts = max(engine.pipeline.visible_ts, last_ts)
         return engine
 
     # -- transactions -------------------------------------------------------------------
     def begin(self) -> Transaction:
         self._check_open()
-        return Transaction(self, self.pipeline.visible_ts)
+        return Transaction(self.catalog, self.pipeline.submit, self.pipeline.visible_ts)
 
     def now(self) -> int:
         """A fresh HLC timestamp (for reads "as of now")."""

@@ -12,7 +12,7 @@ commit ts is ABORTED_TS (never visible), so offsets match.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from schemas.arrow_ipc import ipc_to_table
 from schemas.codec import decode_entry
@@ -23,28 +23,22 @@ from tn.logstore.driver import LogRecord
 from tn.memtable.block import MemBlock
 from tn.txn.rows import columns_of
 
-if TYPE_CHECKING:
-    from tn.engine import Engine
-
 
 class ReplayError(Exception):
     """A WAL entry does not fit the state rebuilt from the entries before it."""
 
 
-def replay(engine: Engine, records: Iterable[LogRecord]) -> int:
-    """Apply every record in order; returns the number of entries applied."""
-    count = 0
+def replay(catalog: Catalog, records: Iterable[LogRecord]) -> int:
+    """Apply every record in order to `catalog`; returns the highest commit ts applied (0:
+    none), which the engine's clock and visible ts then move past."""
     max_id = 0
     last_ts = 0
     for rec in records:
         entry = decode_entry(rec.payload)
-        max_id = max(max_id, apply_entry(engine.catalog, entry))
+        max_id = max(max_id, apply_entry(catalog, entry))
         last_ts = max(last_ts, entry.txn.commit_ts)
-        count += 1
-    engine.catalog.reserve_ids(max_id)
-    engine.clock.observe(last_ts)
-    engine.pipeline.visible_ts = max(engine.pipeline.visible_ts, last_ts)
-    return count
+    catalog.reserve_ids(max_id)
+    return last_ts
 
 
 def apply_entry(cat: Catalog, entry: WalEntry) -> int:
@@ -174,11 +168,10 @@ def _apply_catalog(cat: Catalog, cmd: UpdateCatalog, cts: int) -> None:
             blk.delete_ts = n.delete_ts
 
 
-def physical_state(engine: Engine) -> dict[str, Any]:
+def physical_state(cat: Catalog) -> dict[str, Any]:
     """Everything replay must reproduce: committed catalog nodes (ids, parents, names,
     create@/delete@, schema versions) and, for every committed block, each committed row's
     offset, commit ts, delete ts and values by column id."""
-    cat = engine.catalog
     with cat.lock:
         nodes = list(cat.nodes.values())
     catalog = []

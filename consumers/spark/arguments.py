@@ -1,4 +1,4 @@
-"""The Spark CN job's command-line arguments, declared once for `kwal cn spark` (infra.cli)
+"""The Spark CN job's command-line arguments, declared once for `kwal cn spark` (ops.cli)
 and for `spark-submit consumers/spark/job.py` (`job.main`).
 
 Only argparse here: `kwal` builds its whole parser for every command, and importing the job

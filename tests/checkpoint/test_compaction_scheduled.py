@@ -16,12 +16,12 @@ from types import SimpleNamespace
 import pytest
 
 from consumers.core.cn import CN
-from infra.cli import build_parser
 from infra.config import CompactionConfig, ConfigError, KwalConfig
 from infra.objectstore import FolderStore, open_store
-from infra.ops.compact import run as ops_compact
 from infra.processes import free_port
 from infra.topics import ensure_topics
+from ops.cli import build_parser
+from ops.compact import run as ops_compact
 from producers import Client
 from schemas.codec import decode_entry
 from schemas.wal import Append, CatalogReason, UpdateCatalog
@@ -213,7 +213,7 @@ def test_kwal_ops_compact_runs_the_policy_now(
         with Client(cfg, "small-blocks") as client:
             _, deleted = load_two_thinned_blocks(client, cfg)
         args = build_parser().parse_args(["ops", "compact", "--table", "db.t", "--json"])
-        assert args.target == "infra.ops.compact:run"
+        assert args.target == "ops.compact:run"
         args.timeout = 60.0
         assert ops_compact(args, cfg) == 0
         done = json.loads(capsys.readouterr().out)["compacted"]

@@ -62,7 +62,7 @@ def test_cn_killed_and_restarted_agrees_with_tn(kwal_config: KwalConfig) -> None
         # the restarted CN: a new process, `kwal cn query`, from the topics
         for ts in (stamps[60], stamps[150], final):
             res = subprocess.run(
-                [sys.executable, "-m", "infra.cli", "cn", "query", "--table", "db.t", "--ts", str(ts), "--json"],
+                [sys.executable, "-m", "ops.cli", "cn", "query", "--table", "db.t", "--ts", str(ts), "--json"],
                 env=env, capture_output=True, text=True, timeout=120,
             )
             assert res.returncode == 0, res.stderr

@@ -1,9 +1,9 @@
-"""The commit bench's ceiling (`infra.bench.echo`): a real round trip through the broker."""
+"""The commit bench's ceiling (`ops.bench.echo`): a real round trip through the broker."""
 
 from __future__ import annotations
 
-from infra.bench.echo import EchoClients, EchoServer
 from infra.config import KwalConfig
+from ops.bench.echo import EchoClients, EchoServer
 
 
 def test_every_request_comes_back_once_and_the_server_stops(kwal_config: KwalConfig) -> None:

@@ -12,13 +12,13 @@ from pathlib import Path
 import pytest
 
 from infra.brokers.tansu import start_broker
+from infra.capabilities import probe
 from infra.config import KwalConfig
-from infra.doctor import probe
 from infra.processes import ServerStartError, free_port, start_server
 from infra.topics import core_topics, ensure_topics
 from tests.conftest import LOG_DIR, TEST_BROKER
 
-KWAL = [sys.executable, "-m", "infra.cli"]
+KWAL = [sys.executable, "-m", "ops.cli"]
 
 
 def test_server_that_dies_reports_its_log_tail(tmp_path: Path) -> None:
@@ -175,7 +175,7 @@ def test_up_status_down(tmp_path: Path) -> None:
 
 
 def test_probe_one_answers_like_the_full_probe(kwal_config: KwalConfig) -> None:
-    from infra.doctor import probe_one
+    from infra.capabilities import probe_one
 
     one = probe_one(kwal_config, "delete_records")
     assert one.status == probe(kwal_config).delete_records.status

@@ -20,7 +20,7 @@ from infra.processes import ServerProcess
 @pytest.fixture
 def lc_config(kwal_config: KwalConfig) -> KwalConfig:
     """The Kafka WAL backend with short timeouts, on a broker that deletes records."""
-    from infra.doctor import probe_one
+    from infra.capabilities import probe_one
 
     kwal_config.wal.backend = "kafka"
     kwal_config.wal.append_timeout_s = 10.0

@@ -29,8 +29,8 @@ from consumers.spark.progress import load_progress
 from consumers.spark.resume import committed_offsets
 from infra.config import KwalConfig
 from infra.objectstore import FolderStore
-from infra.ops.retention import apply_retention
 from infra.topics import admin_client
+from ops.retention import apply_retention
 from tests.logtail.conftest import Tn, random_steps, start_tn
 from tests.spark.helpers import spark_rows, tn_rows
 from tests.waiting import wait_until

@@ -9,9 +9,9 @@ import json
 import pytest
 from confluent_kafka.admin import AdminClient
 
-from infra.bench import recovery as bench_recovery
 from infra.config import KwalConfig
 from infra.logsize import topic_size
+from ops.bench import recovery as bench_recovery
 from tn.logstore.driver import LogStore
 from tn.logstore.kafka_backend import KafkaDriver
 

@@ -22,9 +22,9 @@ from confluent_kafka.admin import AdminClient
 
 from infra.config import KwalConfig, ObjectStoreConfig
 from infra.objectstore import S3Store, open_store
-from infra.ops import retention as ops_retention
 from infra.processes import free_port
 from infra.topics import TopicSpec, ensure_topics, logtail_topic
+from ops import retention as ops_retention
 from tests.checkpoint.helpers import create, insert, reads
 from tests.lifecycle.conftest import starts
 from tests.waiting import wait_until

@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from infra.bench import wal_file
 from infra.config import KwalConfig
+from ops.bench import wal_file
 
 
 def test_bench_prints_one_json_line(capsys: pytest.CaptureFixture[str]) -> None:

@@ -217,7 +217,7 @@ def test_logical_truncation_survives_restart(wal_config: KwalConfig) -> None:
 
 
 def test_physical_truncation_where_broker_deletes_records(wal_config: KwalConfig) -> None:
-    from infra.doctor import probe
+    from infra.capabilities import probe
 
     feature = probe(wal_config).delete_records
     if not feature.works:

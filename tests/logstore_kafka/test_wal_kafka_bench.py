@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from infra.bench import wal_kafka
 from infra.config import KwalConfig
+from ops.bench import wal_kafka
 
 
 def test_bench_prints_one_json_line(

@@ -17,10 +17,10 @@ from consumers.core.cn import CN
 from infra.config import KwalConfig
 from infra.metrics import Metrics
 from infra.objectstore import open_store
-from infra.ops.retention import apply_retention
-from infra.ops.walscan import admin_for
 from infra.processes import free_port
+from infra.topic_scan import admin_for
 from infra.topics import ensure_topics
+from ops.retention import apply_retention
 from producers import Client, CommitResult, ValidationError
 from tests.ops.scrape import Samples, scrape, value
 from tn.service.process import TnProcess

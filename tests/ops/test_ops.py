@@ -17,11 +17,11 @@ from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, C
 
 from infra.config import KwalConfig
 from infra.objectstore import open_store
-from infra.ops import retention as ops_retention
-from infra.ops import status as ops_status
-from infra.ops import truncate as ops_truncate
-from infra.ops.walscan import scan_wal
 from infra.topics import ensure_topics, logtail_topic
+from ops import retention as ops_retention
+from ops import status as ops_status
+from ops import truncate as ops_truncate
+from ops.walscan import scan_wal
 from schemas.logtail import HEARTBEAT_KEY, Heartbeat, LogtailRecord, encode_logtail
 from tn.checkpoint.manifest import Manifest
 from tn.logstore.driver import LogStore
@@ -311,7 +311,7 @@ def test_truncate_deletes_prefixes_where_the_broker_can(
 def test_the_tn_status_record_shows_the_window(
     cfg: KwalConfig, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from infra.ops.walscan import StatusPublisher
+    from tn.service.status_publisher import StatusPublisher
 
     write_entries(cfg, 3)
     d = KafkaDriver(cfg, delete_records=False)
@@ -369,7 +369,7 @@ def test_the_kwal_ops_command_line(
 def test_recording_a_lower_point_keeps_the_newest_record_at_the_maximum(cfg: KwalConfig) -> None:
     """A writer recorded 15 after ops scanned (saw less) and before ops records 12: the point
     stays 15, and the newest `truncated` record (what compaction keeps) is 15 again."""
-    from infra.ops.walscan import read_to_end
+    from infra.topic_scan import read_to_end
 
     ensure_topics(cfg)
     producer = Producer(cfg.kafka_client())

@@ -222,7 +222,7 @@ def test_the_cli_reaches_run(
     capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from infra.cli import main
+    from ops.cli import main
 
     monkeypatch.delenv("KWAL_CONFIG", raising=False)
     monkeypatch.chdir(tmp_path)

@@ -37,7 +37,7 @@ def test_both_entry_points_parse_the_job_arguments_alike(monkeypatch: pytest.Mon
 
 def test_the_kwal_command_line_loads_no_spark_nor_pyarrow() -> None:
     code = (
-        "import sys, infra.cli; infra.cli.build_parser(); "
+        "import sys, ops.cli; ops.cli.build_parser(); "
         "print(sorted(m for m in ('pyarrow', 'pyspark', 'consumers.spark.job') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from infra.bench.report import emit
-from infra.bench.spark import bench
 from infra.config import KwalConfig
+from ops.bench.report import emit
+from ops.bench.spark import bench
 
 pytestmark = pytest.mark.spark
 

@@ -8,19 +8,76 @@ node's delete@ is written as 0.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import threading
+from typing import Any, Protocol
+
+import numpy as np
 
 from schemas.wal import CatalogKind, TableSchema
-
-if TYPE_CHECKING:
-    from tn.memtable.block import MemBlock
-    from tn.memtable.table import TableData
 
 # The TN's own bookkeeping tables (request ids, progress) live here; the logtail skips it.
 SYSTEM_DB = "kwal_system"
 
 MAX_TS = (1 << 63) - 1  # "uncommitted" create@ / row commit ts, and "never" delete@
 ABORTED_TS = MAX_TS - 1  # commit ts of rows whose transaction aborted (never visible)
+
+
+class BlockMemory(Protocol):
+    """What the catalog knows of a block's rows (`tn.memtable.block.MemBlock`): the nodes
+    stand below the memtable, which builds on them, so they name only this interface."""
+
+    cols: dict[int, list[Any]]
+    cts: list[int]
+    dts: list[int]
+
+    def __len__(self) -> int: ...
+
+    @property
+    def free(self) -> int: ...
+
+    def write(self, columns: dict[int, list[Any]], src: int, n: int, cts: int) -> int: ...
+
+    def pad(self, n: int, cts: int) -> None: ...
+
+    def set_cts(self, start: int, n: int, ts: int) -> None: ...
+
+    def visible_mask(self, ts: int, n: int) -> np.ndarray: ...
+
+
+class TableMemory(Protocol):
+    """What the catalog knows of a table's rows and key index (`tn.memtable.table.TableData`)."""
+
+    lock: threading.Lock
+    blocks: list[BlockNode]
+    index: dict[Any, list[Any]]
+
+    def append(
+        self, columns: dict[int, list[Any]], n: int, cts: int
+    ) -> list[tuple[BlockNode, int, int, int]]: ...
+
+    def place(
+        self,
+        blk: BlockNode,
+        offset: int,
+        columns: dict[int, list[Any]],
+        src: int,
+        n: int,
+        cts: int,
+        hole_ts: int,
+    ) -> None: ...
+
+    def add_segment(self, seg: SegmentNode) -> None: ...
+
+    def add_block(self, blk: BlockNode) -> None: ...
+
+    def block_rows(self) -> list[tuple[BlockNode, int]]: ...
+
+    def index_commit(
+        self,
+        inserts: list[tuple[Any, BlockNode, int]],
+        deletes: list[tuple[Any, BlockNode, int]],
+        ts: int,
+    ) -> None: ...
 
 
 class Node:
@@ -54,7 +111,7 @@ class DatabaseNode(Node):
 class TableNode(Node):
     __slots__ = ("db", "schemas", "ddl_ts", "mem")
 
-    def __init__(self, node_id: int, db: DatabaseNode, name: str, mem: TableData) -> None:
+    def __init__(self, node_id: int, db: DatabaseNode, name: str, mem: TableMemory) -> None:
         super().__init__(node_id, CatalogKind.TABLE, name)
         self.db = db
         self.schemas: list[tuple[int, TableSchema]] = []  # (commit ts, schema), oldest first
@@ -80,7 +137,7 @@ class SegmentNode(Node):
 class BlockNode(Node):
     __slots__ = ("segment", "mem", "meta_loc", "delta_loc")
 
-    def __init__(self, node_id: int, segment: SegmentNode, mem: MemBlock) -> None:
+    def __init__(self, node_id: int, segment: SegmentNode, mem: BlockMemory) -> None:
         super().__init__(node_id, CatalogKind.BLOCK)
         self.segment = segment
         self.mem = mem

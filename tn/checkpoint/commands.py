@@ -1,4 +1,4 @@
-"""`kwal checkpoint now` and `kwal checkpoint list` (called by infra/cli.py).
+"""`kwal checkpoint now` and `kwal checkpoint list` (called by ops/cli.py).
 
 `now` works on an offline WAL (the TN stopped): it recovers the engine from
 cfg.wal (file dir or Kafka) + cfg.objectstore, takes one checkpoint (dump,

@@ -23,8 +23,8 @@ import logging
 
 from confluent_kafka.admin import AdminClient
 
+from infra.capabilities import deletes_records
 from infra.config import KwalConfig
-from infra.doctor import deletes_records
 from infra.kafka_io import RecordDeleter
 from infra.topics import admin_client
 

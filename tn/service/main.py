@@ -63,8 +63,8 @@ def freeze_startup_heap() -> None:
 
 def _status_publisher(cfg: KwalConfig, log: LogStore) -> Any:
     """Report the Kafka WAL writer's state (window occupancy) for `kwal ops status`."""
-    from infra.ops.walscan import StatusPublisher
     from tn.logstore.kafka_backend import KafkaDriver
+    from tn.service.status_publisher import StatusPublisher
 
     driver = log.driver
     if not isinstance(driver, KafkaDriver):

@@ -1,4 +1,4 @@
-"""The TN's side of the ops topic (infra.ops.control): reads operator commands from the
+"""The TN's side of the ops topic (infra.control): reads operator commands from the
 topic's end at start and answers each one. Commands: `compact` (args: `table`, optional)
 runs the compaction policy now (tn.checkpoint.scheduler)."""
 
@@ -11,8 +11,8 @@ from typing import Any
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from infra.config import KwalConfig
+from infra.control import COMMAND, decode, encode_reply, reader_conf
 from infra.kafka_io import poll_batch
-from infra.ops.control import COMMAND, decode, encode_reply, reader_conf
 from tn.checkpoint.scheduler import CompactionScheduler
 from tn.exceptions import TnError
 

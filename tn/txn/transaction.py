@@ -22,17 +22,15 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pyarrow as pa
 
 from schemas.wal import ColumnDef, TableSchema
+from tn.catalog.catalog import Catalog
 from tn.catalog.nodes import ABORTED_TS, MAX_TS, BlockNode, DatabaseNode, Node, TableNode
 from tn.exceptions import TnError, TxnClosedError, ValidationError
 from tn.txn.rows import Batch, column_type, key_list, to_batch
-
-if TYPE_CHECKING:
-    from tn.engine import Engine
 
 # Limit on the Arrow bytes one transaction may insert (bigger ones: "oversized").
 MAX_TXN_BYTES = 64 << 20
@@ -41,10 +39,14 @@ Loc = tuple[Any, BlockNode, int]  # (primary key, block, row)
 
 
 class Transaction:
-    def __init__(self, engine: Engine, start_ts: int) -> None:
+    def __init__(
+        self, catalog: Catalog, submit: Callable[[Transaction], Future[int]], start_ts: int
+    ) -> None:
+        """`submit` enters the commit pipeline (`CommitPipeline.submit`): the engine hands it
+        in, so that the transaction, which the pipeline commits, does not know the engine."""
         self.start_ts = start_ts
-        self._engine = engine
-        self._catalog = engine.catalog
+        self._submit = submit
+        self._catalog = catalog
         self._lock = threading.Lock()
         self._state = "active"  # active | committing | committed | aborted
         # workspace
@@ -360,7 +362,7 @@ class Transaction:
         with self._lock:
             self._check_active()
             self._state = "committing"
-        return self._engine.pipeline.submit(self)
+        return self._submit(self)
 
     def rollback(self) -> None:
         with self._lock:

@@ -67,8 +67,8 @@ from typing import Any, Literal
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
+from infra.capabilities import deletes_records
 from infra.config import KwalConfig
-from infra.doctor import deletes_records
 from infra.kafka_io import RecordDeleter
 from infra.topics import ensure_topics, wal_topics
 from tn.logstore.driver import LogClosedError, LogDriver, LogRecord

@@ -33,8 +33,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from infra.brokers.local import DEFAULT_BROKER
+from infra.capabilities import probe
 from infra.config import KwalConfig
-from infra.doctor import probe
 from infra.stack import StackState, start_stack, stop_stack
 from infra.topics import ensure_topics
 
@@ -370,7 +370,7 @@ def _compare(
     return ok, details
 
 
-def main() -> int:  # pragma: no cover - `python -m infra.demo`
-    from infra.cli import main as cli
+def main() -> int:  # pragma: no cover - `python -m ops.demo`
+    from ops.cli import main as cli
 
     return cli(["demo", *sys.argv[1:]])

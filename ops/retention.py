@@ -31,15 +31,10 @@ from confluent_kafka import ConsumerGroupTopicPartitions, KafkaException, Messag
 from confluent_kafka.admin import AdminClient
 
 from infra.config import KwalConfig
-from infra.ops.checkpoints import CheckpointInfo, last_checkpoint
-from infra.ops.walscan import (
-    OpsError,
-    WalScan,
-    admin_for,
-    list_topics,
-    read_to_end,
-    scan_wal,
-)
+from infra.exceptions import OpsError
+from infra.topic_scan import admin_for, list_topics, read_to_end
+from ops.checkpoints import CheckpointInfo, last_checkpoint
+from ops.walscan import WalScan, scan_wal
 from tn.logstore.kafka_backend.exceptions import RetentionUnsafeError
 from tn.logstore.kafka_backend.replay import RecordInfo
 from tn.logstore.kafka_backend.retention import (

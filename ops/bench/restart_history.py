@@ -118,7 +118,7 @@ def measure(
     cfg: KwalConfig, objects: Path, history: int, tail: int, rounds: int = 5
 ) -> dict[str, Any]:
     """Steps 1-3 (module docstring); the figures for the bench's JSON line."""
-    from infra.doctor import deletes_records
+    from infra.capabilities import deletes_records
 
     deletes = deletes_records(cfg, "WAL")
     tns = {"1x": _Tn(cfg, "h1x", objects, deletes), "10x": _Tn(cfg, "h10x", objects, deletes)}

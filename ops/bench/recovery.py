@@ -39,9 +39,9 @@ from typing import Any
 
 import pyarrow as pa
 
-from infra.bench import restart_history
-from infra.bench.report import emit, ratio
 from infra.config import KwalConfig
+from ops.bench import restart_history
+from ops.bench.report import emit, ratio
 
 DEFAULT_ROWS = 1_000_000
 DEFAULT_ENTRIES = (10_000, 100_000)
@@ -124,8 +124,8 @@ def _commit_singles(engine: Any, n: int, base: int) -> None:
 
 
 def run(args: argparse.Namespace, cfg: KwalConfig) -> int:
-    from infra.bench.kafka import bench_kafka
     from infra.objectstore import FolderStore
+    from ops.bench.kafka import bench_kafka
     from tn.checkpoint.compaction import attach_object
     from tn.checkpoint.dump import to_parquet
     from tn.checkpoint.recovery import recover

@@ -1,6 +1,6 @@
 """`kwal ops compact [--table db.t] [--json]`: run the TN's compaction policy now.
 
-The running TN does the work (infra.ops.control: a command on the ops topic); this
+The running TN does the work (infra.control: a command on the ops topic); this
 command prints what it compacted: per table, the blocks replaced, their live rows and
 the compaction's commit ts. Exit 0 on success (also when there was nothing to do),
 1 when the TN refused (an unknown table), 2 when no TN answered.
@@ -13,8 +13,8 @@ import sys
 from typing import Any
 
 from infra.config import KwalConfig
-from infra.ops.control import send_command
-from infra.ops.walscan import OpsError
+from infra.control import send_command
+from infra.exceptions import OpsError
 
 
 def run(args: Any, cfg: KwalConfig) -> int:

@@ -26,8 +26,8 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
 from infra.config import KwalConfig
+from infra.exceptions import OpsError
 from infra.kafka_io import FETCH_WAIT_MS, poll_batch
-from infra.ops.walscan import OpsError
 
 COMMAND, REPLY = "command", "reply"
 

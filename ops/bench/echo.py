@@ -8,7 +8,7 @@ TN settings (idempotent producers with acks=all and the same linger, the same
 fetch wait), so any design that routes commits through Kafka topics on this
 broker and this machine is bounded by it.
 
-1. `EchoServer` starts `python -m infra.bench.echo` (a subprocess, as the TN
+1. `EchoServer` starts `python -m ops.bench.echo` (a subprocess, as the TN
    is one): it consumes the echo requests topic and produces each record back
    to the echo results topic with the same key, and prints "ready" once
    assigned;
@@ -54,7 +54,7 @@ class EchoServer:
             cfg, [TopicSpec(t, 1, {"cleanup.policy": "delete"}) for t in (requests, results)]
         )
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "infra.bench.echo"],
+            [sys.executable, "-m", "ops.bench.echo"],
             cwd=REPO,
             env=child_env(cfg),
             stdout=subprocess.PIPE,

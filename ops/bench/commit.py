@@ -6,7 +6,7 @@ client. For 1, 16 and 64 concurrent clients (each its own `Client`, with one
 1-row insert transaction in flight at a time: the next is sent when the
 previous one's result arrives) for `--seconds` each.
 
-Then the ceiling (`infra.bench.echo`): the same request -> result round trip
+Then the ceiling (`ops.bench.echo`): the same request -> result round trip
 through the broker with no TN at all (an echo subprocess), driven the same
 way: ``echo_tps_<n>``, ``echo_p50_ms_<n>``, and ``vs_echo_64`` (kwal's rate at
 64 clients as a fraction of it). No commit routed through Kafka topics on
@@ -39,9 +39,9 @@ from typing import Any
 
 from confluent_kafka import KafkaException, Producer
 
-from infra.bench.kafka import bench_kafka
-from infra.bench.report import emit, percentile, ratio
 from infra.config import KwalConfig
+from ops.bench.kafka import bench_kafka
+from ops.bench.report import emit, percentile, ratio
 
 CLIENTS = (1, 16, 64)
 DB, TABLE = "bench", "t"
@@ -188,7 +188,7 @@ def _bench_kwal(cfg: KwalConfig, seconds: float, out: dict[str, Any], workdir: P
 
 
 def _bench_echo(cfg: KwalConfig, seconds: float, out: dict[str, Any]) -> None:
-    from infra.bench.echo import EchoClients, EchoServer
+    from ops.bench.echo import EchoClients, EchoServer
 
     with EchoServer(cfg):
         clients = EchoClients(cfg)

@@ -28,9 +28,11 @@ from typing import Any
 from confluent_kafka import Producer, TopicPartition
 
 from infra.config import KwalConfig
+from infra.exceptions import OpsError
 from infra.kafka_io import delete_records
-from infra.ops.checkpoints import last_checkpoint
-from infra.ops.walscan import OpsError, WalScan, admin_for, scan_wal
+from infra.topic_scan import admin_for
+from ops.checkpoints import last_checkpoint
+from ops.walscan import WalScan, scan_wal
 from tn.logstore.kafka_backend.exceptions import KafkaLogError
 from tn.logstore.kafka_backend.kio import read_until
 from tn.logstore.kafka_backend.meta import TRUNCATED_KEY, MetaState, truncation_value
@@ -99,10 +101,10 @@ def delete_prefixes(
 
 
 def physical_supported(cfg: KwalConfig, timeout_s: float) -> tuple[bool, str]:
-    from infra import doctor
+    from infra import capabilities
 
     try:
-        probe = doctor.probe(cfg, timeout_s=timeout_s).delete_records
+        probe = capabilities.probe(cfg, timeout_s=timeout_s).delete_records
     except Exception as e:  # noqa: BLE001 - no probe, no deletion
         return False, f"doctor probe failed: {e}"
     return probe.works, probe.detail

@@ -1,6 +1,6 @@
 """`kwal bench spark`: the Spark CN job's throughput and latency, beside raw decoding.
 
-One JSON line (`infra.bench.report.emit`):
+One JSON line (`ops.bench.report.emit`):
 
 - `rows_per_s`: table rows (inserts) through the kwal Kafka source, decoded and applied into
   the job's state (change log + compacted state, committed), for `--rows` rows (default
@@ -37,10 +37,10 @@ import pyarrow as pa
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from infra.bench.kafka import bench_kafka
-from infra.bench.report import emit, percentile, ratio
 from infra.config import KwalConfig
 from infra.processes import process_cpu_s
+from ops.bench.kafka import bench_kafka
+from ops.bench.report import emit, percentile, ratio
 from schemas.arrow_ipc import arrow_schema, table_to_ipc
 from schemas.logtail import (
     COMMIT_TS,

@@ -28,17 +28,11 @@ from typing import Any
 from confluent_kafka import Message
 
 from infra.config import KwalConfig
-from infra.ops.checkpoints import CheckpointInfo, last_checkpoint
-from infra.ops.retention import assess, cn_group_offsets
-from infra.ops.walscan import (
-    END_METHOD,
-    OpsError,
-    WalScan,
-    admin_for,
-    read_to_end,
-    scan_wal,
-    topic_partitions,
-)
+from infra.exceptions import OpsError
+from infra.topic_scan import END_METHOD, admin_for, read_to_end, topic_partitions
+from ops.checkpoints import CheckpointInfo, last_checkpoint
+from ops.retention import assess, cn_group_offsets
+from ops.walscan import WalScan, scan_wal
 
 STATUS_FRESH_S = 60.0  # an older TN status record is shown as stale
 
@@ -95,7 +89,7 @@ def collect(cfg: KwalConfig, timeout_s: float, probe: bool = True) -> dict[str, 
     if not probe:
         mode, detail = "unknown", "doctor probe skipped (--no-probe)"
     else:
-        from infra.ops.truncate import physical_supported
+        from ops.truncate import physical_supported
 
         works, detail = physical_supported(cfg, timeout_s)
         mode = "physical" if works else "logical"

@@ -3,7 +3,7 @@
 1. commit-to-visible: an engine (memory WAL, so the figure is the logtail's
    own cost) with the logtail attached commits 1-row transactions at a target
    rate (1k/s, then 10k/s: the achieved rate is reported); a CN, in its own
-   process as a CN is its own node (`python -m infra.bench.logtail --cn`),
+   process as a CN is its own node (`python -m ops.bench.logtail --cn`),
    follows the table and prints each watermark advance with the system-wide
    monotonic clock. Latency = the first moment the CN's watermark covered a
    commit's ts - the moment that commit completed on the TN.
@@ -27,11 +27,11 @@ from typing import Any
 from confluent_kafka import Consumer, TopicPartition
 
 from consumers.core.cn import CN
-from infra.bench.kafka import bench_kafka
-from infra.bench.report import emit, percentile, ratio
 from infra.config import KwalConfig
 from infra.processes import REPO, child_env
 from infra.topics import ensure_topics
+from ops.bench.kafka import bench_kafka
+from ops.bench.report import emit, percentile, ratio
 from tn.engine import Engine
 from tn.logstore.driver import LogStore
 from tn.logstore.memory_backend import MemoryDriver
@@ -70,7 +70,7 @@ class _RemoteCN:
 
     def __init__(self, cfg: KwalConfig, table: str) -> None:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "infra.bench.logtail", "--cn", table],
+            [sys.executable, "-m", "ops.bench.logtail", "--cn", table],
             cwd=REPO, env=child_env(cfg), stdout=subprocess.PIPE, text=True,
         )
         self.on_watermark: Callable[[int, float], None] | None = None
@@ -240,4 +240,4 @@ if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "--cn":
         _cn_main(sys.argv[2])
     else:
-        sys.exit("usage: python -m infra.bench.logtail --cn db.table (the bench's CN process)")
+        sys.exit("usage: python -m ops.bench.logtail --cn db.table (the bench's CN process)")

@@ -1,4 +1,4 @@
-"""`kwal doctor`: which Kafka features the broker really has, found by trying them.
+"""Which Kafka features the broker really has, found by trying them (`kwal doctor` prints it).
 
 Every probe runs on a scratch topic of its own and has a bounded wait. The
 result is tri-state: works, missing, or unknown (the probe could not decide,
@@ -12,14 +12,12 @@ broker it breaks the connection.
 
 from __future__ import annotations
 
-import json
 import logging
-import sys
 import threading
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 from confluent_kafka import (
@@ -338,18 +336,3 @@ class _Prober:
         except Exception:  # noqa: BLE001 - scratch topics may outlive a broker without DeleteTopics
             pass
 
-
-def run(args: Any, cfg: KwalConfig) -> int:
-    try:
-        features = probe(cfg, timeout_s=float(getattr(args, "timeout", 10.0)), refresh=True)
-    except BrokerUnreachableError as e:
-        print(f"kwal doctor: {e}", file=sys.stderr)
-        return 1
-    if getattr(args, "json", False):
-        print(json.dumps(asdict(features), sort_keys=True))
-        return 0
-    print(f"Kafka at {features.bootstrap}")
-    print(f"{'feature':<22} {'status':<8} detail")
-    for name, result in features.items():
-        print(f"{name:<22} {result.status:<8} {result.detail}")
-    return 0

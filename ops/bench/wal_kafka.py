@@ -1,7 +1,7 @@
 """`kwal bench wal --backend kafka`: the Kafka WAL driver against raw confluent-kafka.
 
-One JSON line (`infra.bench.report.emit`). For 1, 8 and 64 concurrent
-appenders of 200-byte entries (`infra.bench.appenders`: each has one entry in
+One JSON line (`ops.bench.report.emit`). For 1, 8 and 64 concurrent
+appenders of 200-byte entries (`ops.bench.appenders`: each has one entry in
 flight and issues the next when it is acknowledged; both sides use the same
 harness):
 
@@ -41,11 +41,11 @@ from typing import Any
 from confluent_kafka import KafkaError, Message, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from infra.bench.appenders import drive
-from infra.bench.kafka import bench_kafka
-from infra.bench.report import emit, ratio
 from infra.config import KwalConfig
 from infra.processes import ServerProcess
+from ops.bench.appenders import drive
+from ops.bench.kafka import bench_kafka
+from ops.bench.report import emit, ratio
 from tn.logstore.ack_future import AckFuture
 
 ENTRY_BYTES = 200

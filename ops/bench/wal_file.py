@@ -1,8 +1,8 @@
 """`kwal bench wal --backend file`: FileDriver group commit against a plain
 write+sync loop.
 
-One JSON line (`infra.bench.report.emit`). For 1, 8 and 64 concurrent
-appenders of 200-byte entries (`infra.bench.appenders`: each appender has one
+One JSON line (`ops.bench.report.emit`). For 1, 8 and 64 concurrent
+appenders of 200-byte entries (`ops.bench.appenders`: each appender has one
 entry in flight through `LogStore` on one `FileDriver` and issues the next when
 its future completes, like a transaction):
 
@@ -38,8 +38,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from infra.bench.appenders import drive
-from infra.bench.report import emit, ratio
+from ops.bench.appenders import drive
+from ops.bench.report import emit, ratio
 from tn.logstore.driver import LogStore
 from tn.logstore.file_backend import FileDriver
 from tn.logstore.file_backend.format import BLOCK_SIZE, encode_entry

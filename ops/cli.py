@@ -31,11 +31,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--bootstrap", help="Kafka bootstrap servers (overrides the config)")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    doctor = _command(sub, "doctor", "infra.doctor:run", "probe which Kafka features the broker really has")
+    doctor = _command(sub, "doctor", "ops.doctor:run", "probe which Kafka features the broker really has")
     doctor.add_argument("--json", action="store_true", help="print JSON instead of a table")
     doctor.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the broker")
 
-    demo = _command(sub, "demo", "infra.demo:run", "run the end-to-end demo on a local stack")
+    demo = _command(sub, "demo", "ops.demo:run", "run the end-to-end demo on a local stack")
     demo.add_argument("--broker", choices=BROKERS, default=DEFAULT_BROKER,
                       help="the broker the demo starts (Apache Kafka, or the embedded tansu)")
     demo.add_argument("--wal", choices=["kafka", "file"], default="kafka", help="the TN's log backend")
@@ -59,17 +59,17 @@ def build_parser() -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", help="benchmarks (one JSON line each)").add_subparsers(
         dest="bench_command", required=True
     )
-    bwal = _command(bench, "wal", "infra.bench.wal_{backend}:run", "WAL append throughput and latency")
+    bwal = _command(bench, "wal", "ops.bench.wal_{backend}:run", "WAL append throughput and latency")
     bwal.add_argument("--backend", choices=["file", "kafka"], default="file")
     bwal.add_argument("--entries", type=int, default=0, help="entries per run (0 = the bench's default)")
-    bcommit = _command(bench, "commit", "infra.bench.commit:run", "TN commit throughput vs Kafka transactions")
+    bcommit = _command(bench, "commit", "ops.bench.commit:run", "TN commit throughput vs Kafka transactions")
     bcommit.add_argument("--seconds", type=float, default=5.0, help="seconds per client count")
 
-    blog = _command(bench, "logtail", "infra.bench.logtail:run", "commit-to-visible latency at a CN")
+    blog = _command(bench, "logtail", "ops.bench.logtail:run", "commit-to-visible latency at a CN")
     blog.add_argument("--seconds", type=float, default=5.0, help="seconds per target rate")
     blog.add_argument("--apply-txns", type=int, default=2000, help="100-row txns for the apply rate")
 
-    brec = _command(bench, "recovery", "infra.bench.recovery:run", "restart-to-serving after a checkpoint")
+    brec = _command(bench, "recovery", "ops.bench.recovery:run", "restart-to-serving after a checkpoint")
     brec.add_argument("--rows", type=int, default=1_000_000, help="rows checkpointed")
     brec.add_argument("--wal-entries", type=int, nargs="+", default=[10_000, 100_000],
                       help="WAL entries after the checkpoint, one run each")
@@ -80,13 +80,13 @@ def build_parser() -> argparse.ArgumentParser:
     brec.add_argument("--rounds", type=int, default=5,
                       help="restarts of each TN for restart_10x_vs_1x (median)")
 
-    bspark = _command(bench, "spark", "infra.bench.spark:run", "Spark CN rows/s vs raw decode")
+    bspark = _command(bench, "spark", "ops.bench.spark:run", "Spark CN rows/s vs raw decode")
     bspark.add_argument("--rows", type=int, default=200_000)
     bspark.add_argument("--rows-per-txn", type=int, default=10)
     bspark.add_argument("--latency-samples", type=int, default=8)
     bspark.add_argument("--warmups", type=int, default=None,
                         help="warm-up queries before the measured one (default: until the "
-                        "JVM's CPU per query is steady, infra.bench.spark.WARMUP_QUERIES)")
+                        "JVM's CPU per query is steady, ops.bench.spark.WARMUP_QUERIES)")
 
     ckpt = sub.add_parser("checkpoint", help="checkpoints").add_subparsers(dest="ckpt_command", required=True)
     now = _command(ckpt, "now", "tn.checkpoint.commands:run_now", "take a checkpoint now (TN stopped)")
@@ -111,7 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
     ops = sub.add_parser("ops", help="operate the log: status, truncation, retention")
     ops_sub = ops.add_subparsers(dest="ops_command", required=True)
     ostatus = _command(
-        ops_sub, "status", "infra.ops.status:run",
+        ops_sub, "status", "ops.status:run",
         "one screen: WAL, truncation, window, checkpoint, CN lag, retention",
     )
     ostatus.add_argument("--json", action="store_true", help="print JSON for tools")
@@ -120,7 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ostatus.add_argument("--timeout", type=float, default=10.0, help="seconds per Kafka wait")
     otrunc = _command(
-        ops_sub, "truncate", "infra.ops.truncate:run",
+        ops_sub, "truncate", "ops.truncate:run",
         "truncate the WAL to the last checkpoint's LSN now",
     )
     otrunc.add_argument(
@@ -128,14 +128,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     otrunc.add_argument("--timeout", type=float, default=10.0, help="seconds per Kafka wait")
     ocompact = _command(
-        ops_sub, "compact", "infra.ops.compact:run",
+        ops_sub, "compact", "ops.compact:run",
         "run the TN's compaction policy now (merge small or tombstoned blocks)",
     )
     ocompact.add_argument("--table", help="db.table (default: every table)")
     ocompact.add_argument("--json", action="store_true", help="print JSON for tools")
     ocompact.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for the TN")
     oret = _command(
-        ops_sub, "retention", "infra.ops.retention:run",
+        ops_sub, "retention", "ops.retention:run",
         "check or set retention of the WAL and logtail topics",
     )
     oret.add_argument(

@@ -33,7 +33,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
-from infra.bench.report import percentile
+from ops.bench.report import percentile
 
 COMPLETION_TIMEOUT_S = 60.0
 

@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from infra.config import KwalConfig
-from infra.ops.walscan import OpsError
+from infra.exceptions import OpsError
 
 
 @dataclass(frozen=True)
