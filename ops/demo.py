@@ -297,7 +297,8 @@ def _spark_cn(cfg: KwalConfig, workdir: Path) -> dict[str, Any] | None:
     if shutil.which("java") is None and not Path(sys.prefix, "jre").exists():
         say("Spark CN skipped: no Java runtime on this machine")
         return None
-    from consumers.spark.job import read_as_of, start_query, watermark
+    from consumers.spark.job import start_query
+    from consumers.spark.reader import read_as_of, watermark
     from consumers.spark.session import build_session
 
     say("running the Spark CN (available-now; Spark takes a while to start)")

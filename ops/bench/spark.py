@@ -209,7 +209,8 @@ def _latency(
     spark: Any, cfg: KwalConfig, producer: Producer, work: Path, samples: int
 ) -> list[float]:
     """Commit-to-visible seconds of `samples` one-row transactions, 1 s trigger."""
-    from consumers.spark.job import load_progress, start_query
+    from consumers.spark.job import start_query
+    from consumers.spark.progress import load_progress
 
     table = f"lat{uuid.uuid4().hex[:6]}"
     _create_topics(cfg, [cfg.topics.logtail(DB, table)])
@@ -313,7 +314,7 @@ def bench(
         jvm_after = process_cpu_s(jvm) if jvm else None
         if os.environ.get("KWAL_SPARK_TIMINGS"):
             _log(f"spark {spark_s:.3f} s; micro-batches (ms): {progress}")
-        from consumers.spark.job import read_state, watermark
+        from consumers.spark.reader import read_state, watermark
 
         state_rows = read_state(spark, work / "run", f"{DB}.{table}").count()
         if state_rows != rows:

@@ -16,7 +16,8 @@ import pytest
 from confluent_kafka import Consumer, TopicPartition
 
 from consumers.core.cn import CN
-from consumers.spark.job import read_state, start_query, watermark
+from consumers.spark.job import start_query
+from consumers.spark.reader import read_state, watermark
 from infra.config import KwalConfig
 from infra.objectstore import FolderStore
 from schemas.logtail import HEARTBEAT_KEY, Changes, Heartbeat, decode_logtail

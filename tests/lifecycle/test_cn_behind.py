@@ -17,15 +17,10 @@ import pytest
 
 from consumers.core.cn import CN
 from consumers.core.exceptions import BelowHorizonError, TruncatedLogtailError
-from consumers.spark.job import (
-    BatchWriter,
-    low_watermarks,
-    read_as_of,
-    run,
-    start_query,
-    watermark,
-)
+from consumers.spark.batch_writer import BatchWriter
+from consumers.spark.job import low_watermarks, run, start_query
 from consumers.spark.progress import load_progress
+from consumers.spark.reader import read_as_of, watermark
 from consumers.spark.resume import committed_offsets
 from infra.config import KwalConfig
 from infra.objectstore import FolderStore

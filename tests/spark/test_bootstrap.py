@@ -14,8 +14,9 @@ import pytest
 
 from consumers.core.exceptions import BelowHorizonError, BootstrapError, TruncatedLogtailError
 from consumers.spark.bootstrap import BOOTSTRAP_BATCH
-from consumers.spark.job import read_as_of, read_state, run, start_query, state_ts, watermark
+from consumers.spark.job import run, start_query
 from consumers.spark.progress import load_progress
+from consumers.spark.reader import read_as_of, read_state, state_ts, watermark
 from infra.config import KwalConfig
 from infra.objectstore import FolderStore, ObjectStore
 from tests.logtail.conftest import COLUMNS, Tn, checkpoint_then_compact, random_steps, start_tn

@@ -11,6 +11,7 @@ import pyarrow as pa
 import pytest
 
 from consumers.core.exceptions import SchemaMismatchError
+from consumers.spark.batch_writer import _decodable
 from consumers.spark.decode import (
     HEARTBEAT,
     INSERT,
@@ -25,7 +26,6 @@ from consumers.spark.decode import (
     decode_changes,
     wide_name,
 )
-from consumers.spark.job import _decodable
 from consumers.spark.kafka_io import KafkaSourceError
 from consumers.spark.progress import Incarnation, TableProgress
 from consumers.spark.source import KwalKafkaDataSource, SourceOptions, decode_plan

@@ -13,18 +13,11 @@ from typing import Any
 import pytest
 
 from consumers.core.exceptions import AboveWatermarkError, TableNotFoundError
+from consumers.spark.batch_writer import BatchWriter
 from consumers.spark.decode import DELETE, INSERT, OFFSET, OP
-from consumers.spark.job import (
-    BatchWriter,
-    load_progress,
-    read_as_of,
-    read_changes,
-    read_state,
-    run,
-    start_query,
-    state_ts,
-    watermark,
-)
+from consumers.spark.job import run, start_query
+from consumers.spark.progress import load_progress
+from consumers.spark.reader import read_as_of, read_changes, read_state, state_ts, watermark
 from infra.config import KwalConfig
 from schemas.logtail import ROW_ID
 from tests.spark.helpers import create_topic

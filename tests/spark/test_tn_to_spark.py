@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 
 from consumers.core.exceptions import AboveWatermarkError
-from consumers.spark.job import read_as_of, read_state, start_query, state_ts, watermark
+from consumers.spark.job import start_query
+from consumers.spark.reader import read_as_of, read_state, state_ts, watermark
 from infra.config import KwalConfig
 from infra.objectstore import FolderStore
 from tests.logtail.conftest import Tn, random_steps, start_tn
