@@ -134,6 +134,12 @@ def build_parser() -> argparse.ArgumentParser:
     ocompact.add_argument("--table", help="db.table (default: every table)")
     ocompact.add_argument("--json", action="store_true", help="print JSON for tools")
     ocompact.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for the TN")
+    oacl = _command(
+        ops_sub, "acl", "infra.ops.acl:run",
+        "secure mode: create kwal's Kafka ACLs (apply) or report drift from them (check)",
+    )
+    oacl.add_argument("action", choices=["apply", "check"])
+    oacl.add_argument("--timeout", type=float, default=15.0, help="seconds per Kafka wait")
     oret = _command(
         ops_sub, "retention", "infra.ops.retention:run",
         "check or set retention of the WAL and logtail topics",

@@ -190,6 +190,11 @@ def _serve(cfg: KwalConfig, stop: threading.Event) -> int | BaseException:
         sampler = MetricsSampler(log, checkpoints, logtail.publisher, cfg.tn.metrics_interval_s)
         parts.callback(sampler.start().stop)
         service = TnService(cfg, engine)
+        if cfg.security.enabled:  # per-principal topics in and out (docs/security.md)
+            from tn.service.gateway import PrincipalGateway
+
+            gateway = PrincipalGateway(cfg).start()
+            parts.callback(lambda: gateway.stop(patience(10.0)))
         status = _status_publisher(cfg, log)
         if status is not None:
             parts.callback(lambda: status.stop(patience(5.0)))
