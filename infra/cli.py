@@ -47,6 +47,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="Apache Kafka (installed from Maven Central on first use) or the embedded tansu")
     up.add_argument("--broker-storage", choices=["memory", "s3"], default="memory",
                     help="where tansu keeps its data (Apache Kafka keeps it on local disk)")
+    up.add_argument("--secure", action="store_true",
+                    help="Apache Kafka with SASL/SCRAM over TLS and kwal's ACLs; writes one config "
+                    "file per principal (docs/security.md)")
     _command(sub, "down", "infra.stack:run_down", "stop what `kwal up` started")
     _command(sub, "status", "infra.stack:run_status", "show the local stack's processes and addresses")
 

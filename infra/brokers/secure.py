@@ -195,7 +195,7 @@ class SecureKafkaNode(KafkaNode):
     def start(self) -> ServerProcess:
         """1. certificates, 2. format with the admin user (first start), 3. start; bounded
         wait until the admin user's Metadata request names a broker."""
-        self.certs = make_certs(self.cert_dir)
+        self.certs = make_certs(self.cert_dir.resolve())
         self.directory.mkdir(parents=True, exist_ok=True)
         config = self.directory / "server.properties"
         config.write_text("".join(f"{k}={v}\n" for k, v in self.properties().items()))

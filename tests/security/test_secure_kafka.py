@@ -27,6 +27,7 @@ from infra import acls
 from infra.brokers.secure import can_log_in
 from infra.cli import main as kwal
 from infra.config import KwalConfig
+from infra.secure_stack import config_toml
 from producers import Client, CommitResult, PermissionDenied
 from schemas.arrow_ipc import ipc_to_table
 from schemas.logtail import Changes, Heartbeat, decode_logtail
@@ -283,13 +284,7 @@ def test_acl_check_reports_drift_and_apply_repairs_it(
 def _cli_args(cfg: KwalConfig, tmp: Path) -> list[str]:
     """`kwal --config FILE` for `cfg`'s Kafka settings and security section."""
     path = tmp / "kwal.toml"
-    kafka = "".join(f'"{k}" = "{v}"\n' for k, v in cfg.kafka.items())
-    s = cfg.security
-    path.write_text(
-        f"[kafka]\n{kafka}\n[topics]\nprefix = \"{cfg.topics.prefix}\"\n\n"
-        f"[security]\nenabled = true\ntn_principal = \"{s.tn_principal}\"\n"
-        f"services = \"{s.services}\"\ncns = \"{s.cns}\"\n"
-    )
+    path.write_text(config_toml(cfg))
     return ["--config", str(path)]
 
 
