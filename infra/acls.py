@@ -18,8 +18,9 @@ principals come from `[security]`: `tn_principal`, `services`, `cns`. P is
 |           | group kwal-producers- (prefixed; assign() only,    | READ              |
 |           | no offsets are ever committed)                     |                   |
 | CN C      | topics P.logtail. (prefixed), P.catalog (literal)  | READ, DESCRIBE    |
-|           | group P.cn.C and P.cn.C.catch-up (literal): its    | READ              |
-|           | positions                                          |                   |
+|           | groups P.cn.C and P.cn.C.catch-up (literal): its   | READ              |
+|           | positions; P.tail (literal, `kwal cn tail`);       |                   |
+|           | kwal-spark- (prefixed: the Spark CN's readers)     |                   |
 
 So only the TN writes the WAL, logtail, catalog and results topics; a CN reads the
 logtail and catalog topics and its own group only; a service writes its own requests
@@ -54,7 +55,8 @@ Grant = tuple[str, str, str, str, str]
 
 TOPIC, GROUP = ResourceType.TOPIC, ResourceType.GROUP
 LITERAL, PREFIXED = ResourcePatternType.LITERAL, ResourcePatternType.PREFIXED
-SHARED_GROUP_PREFIXES = ("kwal-reader-", "kwal-ops-", "kwal-producers-")
+# group-id prefixes kwal's clients use whatever the topic prefix (assign() readers)
+SHARED_GROUP_PREFIXES = ("kwal-reader-", "kwal-ops-", "kwal-producers-", "kwal-spark-")
 
 
 class AclApplyError(RuntimeError):
@@ -89,8 +91,9 @@ def desired_grants(cfg: KwalConfig) -> set[Grant]:
         for op in (AclOperation.READ, AclOperation.DESCRIBE):
             out.add(_grant(TOPIC, t.name("logtail."), PREFIXED, cn, op))
             out.add(_grant(TOPIC, t.catalog, LITERAL, cn, op))
-        for group in (t.name(f"cn.{cn}"), t.name(f"cn.{cn}.catch-up")):
+        for group in (t.name(f"cn.{cn}"), t.name(f"cn.{cn}.catch-up"), t.name("tail")):
             out.add(_grant(GROUP, group, LITERAL, cn, AclOperation.READ))
+        out.add(_grant(GROUP, "kwal-spark-", PREFIXED, cn, AclOperation.READ))
     return out
 
 
@@ -141,18 +144,19 @@ class Drift:
 def check(cfg: KwalConfig, admin: AdminClient | None = None, timeout_s: float = 15.0) -> Drift:
     admin = admin or admin_client(cfg)
     want = desired_grants(cfg)
+    ours = {principal for *_, principal, _ in want}
     have: set[Grant] = set()
     extra: list[str] = []
     for b in current_bindings(admin, timeout_s):
         if not _kwal_resource(cfg, b):
             continue
+        if b.name in SHARED_GROUP_PREFIXES and b.principal not in ours:
+            continue  # another deployment's principal on a shared group prefix: not ours to judge
         g = _as_grant(b)
         if g is not None and g in want:
             have.add(g)
-        elif g is None or b.restype != GROUP or b.name not in SHARED_GROUP_PREFIXES:
+        else:
             extra.append(describe_binding(b))
-        elif b.principal not in {p for *_, p, _ in want}:
-            extra.append(describe_binding(b))  # a shared group prefix granted to a stranger
     return Drift(sorted(want - have), sorted(extra))
 
 
