@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import Future
@@ -27,6 +28,7 @@ from infra import acls
 from infra.brokers.secure import can_log_in
 from infra.cli import main as kwal
 from infra.config import KwalConfig
+from infra.processes import free_port
 from infra.secure_stack import config_toml
 from producers import Client, CommitResult, PermissionDenied
 from schemas.arrow_ipc import ipc_to_table
@@ -55,6 +57,14 @@ class Running:
     tmp: Path
     tn: TnProcess
 
+    def metric(self, line_start: str) -> float:
+        """A sample of the TN's metrics endpoint (0 when the line is not there yet)."""
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.tn.cfg.tn.metrics_port}/metrics", timeout=10) as r:
+            for line in r.read().decode().splitlines():
+                if line.startswith(line_start):
+                    return float(line.rsplit(" ", 1)[1])
+        return 0.0
+
     def cfg(self, user: str) -> KwalConfig:
         cfg = self.stack.config(user, self.prefix, self.tmp)
         cfg.tn.max_request_bytes = MAX_REQUEST
@@ -69,6 +79,7 @@ def running(secure_stack: SecureStack, tmp_path_factory: pytest.TempPathFactory)
     tn_cfg.tn.max_request_bytes = MAX_REQUEST
     tn_cfg.tn.write_acl = f"{ALICE}=shop.*;{BOB}=bobs.*"
     tn_cfg.tn.heartbeat_ms = 100
+    tn_cfg.tn.metrics_port = free_port()
     tn = TnProcess(tn_cfg, tmp)
     tn.start()
     run = Running(secure_stack, prefix, tmp, tn)
@@ -383,3 +394,20 @@ def test_hostile_stream_keeps_the_tn_committing(running: Running) -> None:
     ids = _logtail_ids(running, max(d.commit_ts for d in done))
     assert {1000 + i for i in range(0, 60, 2)} <= set(ids)
     assert not [i for i in ids if i >= 10**6]
+
+
+def test_request_without_a_principal_is_dropped_and_counted(running: Running) -> None:
+    """A record on the TN's own requests topic without the gateway's principal header
+    (only the TN's principal may write there; here it does, as a broken gateway would):
+    nobody can be answered, so it is dropped and counted, and the TN goes on committing."""
+    tn = running.cfg(TN)
+    p = _producer(tn)
+    p.produce(tn.topics.requests, key=b"x", value=b"no principal header")
+    assert p.flush(30) == 0
+    wait_until(
+        "kwal_security_dropped_total{what=request_without_principal} at 1",
+        lambda: running.metric('kwal_security_dropped_total{what="request_without_principal"}') == 1.0,
+        60,
+    )
+    with Client(running.cfg(ALICE)) as alice:
+        alice.begin().insert(SHOP, [{"id": 5000, "v": "after"}]).commit(timeout=60)
