@@ -161,10 +161,15 @@ class PrincipalGateway:
                     continue
                 if not self._produce_all(producer, copies, name):
                     return  # stopping: the uncommitted batch is copied again by the next run
-                consumer.commit(
-                    offsets=[TopicPartition(t, p, o) for (t, p), o in offsets.items()],
-                    asynchronous=False,
-                )
+                try:
+                    consumer.commit(
+                        offsets=[TopicPartition(t, p, o) for (t, p), o in offsets.items()],
+                        asynchronous=False,
+                    )
+                except KafkaException as e:
+                    # a rebalance took the partitions: their new owner copies the batch
+                    # again from the last commit (a duplicate, which is harmless)
+                    log.warning("gateway %s: offsets not committed: %s", name, e)
                 if name == "requests":
                     self.forwarded += len(copies)
                 else:
