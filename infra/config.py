@@ -70,6 +70,14 @@ class TopicsConfig:
     def logtail(self, database: str, table: str) -> str:
         return self.name(f"logtail.{database}.{table}")
 
+    def requests_of(self, principal: str) -> str:
+        """Secure mode: the requests topic only `principal` may write (docs/security.md)."""
+        return self.name(f"requests.{principal}")
+
+    def results_of(self, principal: str) -> str:
+        """Secure mode: the results topic only `principal` may read."""
+        return self.name(f"results.{principal}")
+
 
 @dataclass
 class ObjectStoreConfig:
@@ -128,6 +136,26 @@ class CompactionConfig:
 
 
 @dataclass
+class SecurityConfig:
+    """Secure mode (docs/security.md): a request's principal is the one the broker
+    authenticated. A service writes `<prefix>.requests.<principal>` and reads
+    `<prefix>.results.<principal>` (Kafka ACLs let only that principal do so); the TN takes
+    the principal from the topic. The principal lists are what `kwal ops acl apply`
+    grants (comma-separated SCRAM user names)."""
+
+    enabled: bool = False
+    tn_principal: str = "kwal-tn"
+    services: str = ""  # service principals: write their own requests, read their own results
+    cns: str = ""  # CN principals: read logtail/catalog; a CN's name is its principal
+
+    def service_list(self) -> list[str]:
+        return [s.strip() for s in self.services.split(",") if s.strip()]
+
+    def cn_list(self) -> list[str]:
+        return [s.strip() for s in self.cns.split(",") if s.strip()]
+
+
+@dataclass
 class StackConfig:
     """The embedded stack `kwal up` runs."""
 
@@ -147,6 +175,7 @@ class KwalConfig:
     wal: WalConfig = field(default_factory=WalConfig)
     tn: TnConfig = field(default_factory=TnConfig)
     compaction: CompactionConfig = field(default_factory=CompactionConfig)
+    security: SecurityConfig = field(default_factory=SecurityConfig)
     stack: StackConfig = field(default_factory=StackConfig)
     bootstrap_explicit: bool = False  # set when a file or the environment named bootstrap.servers
 

@@ -67,6 +67,13 @@ class Metrics:
         self.compacted_blocks = Counter(
             "kwal_compacted_blocks", "flushed blocks replaced by compactions", registry=r
         )
+        self.security_dropped = Counter(
+            "kwal_security_dropped",
+            "records secure mode dropped because no principal could be addressed "
+            "(tn.service.gateway)",
+            ["what"],
+            registry=r,
+        )
         # -- a CN --------------------------------------------------------------------------
         self.cn_watermark = Gauge(
             "kwal_cn_watermark_ts", "the CN's watermark (every table it follows)", ["cn"], registry=r

@@ -87,11 +87,16 @@ def _pid_is_ours(pid: int, marker: str) -> bool:
     return marker in cmdline
 
 
-def start_stack(cfg: KwalConfig, storage: str = "memory", broker: str = DEFAULT_BROKER) -> StackState:
+def start_stack(
+    cfg: KwalConfig, storage: str = "memory", broker: str = DEFAULT_BROKER, secure: bool = False
+) -> StackState:
     """Start the S3 server and the broker (the S3 server first: tansu's `s3` storage
     needs it). Apache Kafka keeps its data in `<state_dir>/kafka`, fresh each `up`;
-    `storage` chooses tansu's (memory, or a bucket on the S3 server)."""
+    `storage` chooses tansu's (memory, or a bucket on the S3 server). `secure`: Apache
+    Kafka with SASL/SCRAM over TLS and kwal's ACLs (infra.secure_stack)."""
     check_broker(broker)
+    if secure and broker != "kafka":
+        raise ServerStartError("--secure needs Apache Kafka (tansu has no SASL and no ACLs)")
     state_dir = Path(cfg.stack.state_dir)
     log_dir = state_dir / "logs"
     s3 = start_s3_server(log_dir, timeout_s=cfg.stack.start_timeout_s)
@@ -102,7 +107,12 @@ def start_stack(cfg: KwalConfig, storage: str = "memory", broker: str = DEFAULT_
 
             kafka_dir = state_dir / "kafka"
             shutil.rmtree(kafka_dir, ignore_errors=True)
-            process = start_kafka(kafka_dir, timeout_s=max(cfg.stack.start_timeout_s, 120.0))
+            if secure:
+                from infra.secure_stack import start_secure
+
+                process, _ = start_secure(cfg, kafka_dir, max(cfg.stack.start_timeout_s, 120.0))
+            else:
+                process = start_kafka(kafka_dir, timeout_s=max(cfg.stack.start_timeout_s, 120.0))
             broker_storage = str(kafka_dir / "data")
         else:
             process, broker_storage = _start_tansu(log_dir, storage, endpoint, cfg.stack.start_timeout_s)
@@ -151,7 +161,10 @@ def run_up(args: Any, cfg: KwalConfig) -> int:
         print(f"kwal: a stack is already up (broker {existing.broker_address}); `kwal down` first")
         return 1
     try:
-        state = start_stack(cfg, getattr(args, "broker_storage", "memory"), getattr(args, "broker", DEFAULT_BROKER))
+        secure = bool(getattr(args, "secure", False))
+        state = start_stack(
+            cfg, getattr(args, "broker_storage", "memory"), getattr(args, "broker", DEFAULT_BROKER), secure
+        )
     except ServerStartError as e:
         print(f"kwal up: {e}", file=sys.stderr)
         return 1
@@ -161,7 +174,12 @@ def run_up(args: Any, cfg: KwalConfig) -> int:
     print(f"broker  {state.broker_address}  ({state.broker}, pid {state.broker_pid}, storage {state.broker_storage})")
     print(f"s3      {state.s3_endpoint}  (pid {state.s3_pid})")
     print(f"logs    {state.log_dir}")
-    print(f"export KWAL_BOOTSTRAP={state.broker_address}")
+    if secure:
+        configs = Path(cfg.stack.state_dir) / "secure"
+        print(f"secure  SASL_SSL + SCRAM-SHA-512, kwal's ACLs applied; one config per principal in {configs}")
+        print(f"export KWAL_CONFIG={configs}/<principal>.toml   (docs/security.md)")
+    else:
+        print(f"export KWAL_BOOTSTRAP={state.broker_address}")
     return 0
 
 

@@ -16,6 +16,8 @@ would make with its own defaults (partitions, cleanup, retention) is an error in
 | logtail.<db>.<tbl> | 1                     | compact,delete | -1 (+ heartbeats compacted)   |
 | ops                | 1                     | delete         | 1 day: operator commands to   |
 |                    |                       |                | the running TN (kwal ops ...) |
+| requests.<service> | 1                     | delete         | as requests; secure mode only |
+| results.<service>  | 1                     | delete         | as results; secure mode only  |
 
 The catalog and logtail topics: every record has a key of its own except heartbeats,
 which all share one key (`schemas.logtail.HEARTBEAT_KEY`). Compaction therefore keeps
@@ -96,6 +98,16 @@ def core_topics(cfg: KwalConfig) -> list[TopicSpec]:
         *wal_topics(cfg),
         TopicSpec(t.catalog, 1, _rows(cfg, _logtail_config(cfg))),
         TopicSpec(t.ops, 1, {"cleanup.policy": "delete", "retention.ms": str(24 * 3600 * 1000)}),
+    ]
+
+
+def principal_topics(cfg: KwalConfig, principal: str) -> list[TopicSpec]:
+    """Secure mode: a service's own requests and results topics (docs/security.md), set as
+    the TN's requests and results topics are."""
+    t = cfg.topics
+    return [
+        TopicSpec(t.requests_of(principal), 1, _rows(cfg, _bounded(t.requests_retention_ms))),
+        TopicSpec(t.results_of(principal), 1, _bounded(t.requests_retention_ms)),
     ]
 
 

@@ -47,6 +47,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="Apache Kafka (installed from Maven Central on first use) or the embedded tansu")
     up.add_argument("--broker-storage", choices=["memory", "s3"], default="memory",
                     help="where tansu keeps its data (Apache Kafka keeps it on local disk)")
+    up.add_argument("--secure", action="store_true",
+                    help="Apache Kafka with SASL/SCRAM over TLS and kwal's ACLs; writes one config "
+                    "file per principal (docs/security.md)")
     _command(sub, "down", "infra.stack:run_down", "stop what `kwal up` started")
     _command(sub, "status", "infra.stack:run_status", "show the local stack's processes and addresses")
 
@@ -134,6 +137,12 @@ def build_parser() -> argparse.ArgumentParser:
     ocompact.add_argument("--table", help="db.table (default: every table)")
     ocompact.add_argument("--json", action="store_true", help="print JSON for tools")
     ocompact.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for the TN")
+    oacl = _command(
+        ops_sub, "acl", "ops.acl:run",
+        "secure mode: create kwal's Kafka ACLs (apply) or report drift from them (check)",
+    )
+    oacl.add_argument("action", choices=["apply", "check"])
+    oacl.add_argument("--timeout", type=float, default=15.0, help="seconds per Kafka wait")
     oret = _command(
         ops_sub, "retention", "ops.retention:run",
         "check or set retention of the WAL and logtail topics",

@@ -40,6 +40,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 
 from infra.config import KwalConfig
 from infra.kafka_io import FETCH_WAIT_MS, poll_batch
+from infra.principals import client_principal, requests_topic, results_topic
 from infra.queues import drain
 from infra.stack import apply_stack
 from producers.exceptions import (
@@ -268,11 +269,12 @@ class _ResultRouter:
 
     @classmethod
     def acquire(cls, cfg: KwalConfig, timeout_s: float) -> _ResultRouter:
-        key = (cfg.bootstrap, cfg.topics.results)
+        topic = results_topic(cfg)
+        key = (cfg.bootstrap, topic)
         with cls._lock:
             inst = cls._instances.get(key)
             if inst is None or inst._stop.is_set():
-                inst = cls._instances[key] = cls(cfg, cfg.topics.results, timeout_s)
+                inst = cls._instances[key] = cls(cfg, topic, timeout_s)
             inst._refs += 1
             return inst
 
@@ -363,7 +365,11 @@ class Client:
         # KWAL_BOOTSTRAP, no with_bootstrap) uses the running `kwal up` stack's.
         cfg = apply_stack(cfg, explicit_bootstrap=cfg.bootstrap_explicit)
         self.cfg = cfg
-        self.client_id = client_id or f"client-{uuid.uuid4().hex[:12]}"
+        # secure mode (docs/security.md): requests go to this principal's own topic, and
+        # the TN refuses a client id other than the principal
+        self.requests_topic = requests_topic(cfg)
+        default_id = client_principal(cfg) if cfg.security.enabled else f"client-{uuid.uuid4().hex[:12]}"
+        self.client_id = client_id or default_id
         self._shared = _SharedProducer.get(cfg)
         self._producer = self._shared.producer
         self._router = _ResultRouter.acquire(cfg, start_timeout_s)
@@ -417,7 +423,7 @@ class Client:
         while True:
             try:
                 self._producer.produce(
-                    self.cfg.topics.requests,
+                    self.requests_topic,
                     value=payload,
                     key=self.client_id,
                     on_delivery=on_delivery,

@@ -67,6 +67,7 @@ class Reason:
     MISSING_PRIMARY_KEY = "missing_primary_key"
     VALIDATION = "bad_request"
     SHUTTING_DOWN = "engine_closed"
+    FORGED_CLIENT = "forged_client"  # secure mode: the client id is not the sender's principal
     INTERNAL = "internal"
 
 

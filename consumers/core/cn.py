@@ -62,6 +62,7 @@ from consumers.core.table_state import BlockObject, TableState
 from infra.config import KwalConfig
 from infra.kafka_io import FETCH_WAIT_MS, poll_batch
 from infra.objectstore import ObjectStore
+from infra.principals import client_principal
 from schemas.arrow_ipc import preload
 from schemas.logtail import (
     BlockMeta,
@@ -311,6 +312,9 @@ class CN(CNCore):
         self.cfg = cfg
         self.store = store
         self._bootstrap = bootstrap
+        if name == "default" and cfg.security.enabled:
+            # secure mode: the CN's group is the one its principal may use (infra.acls)
+            name = client_principal(cfg)
         self.name = name
         self.group_id = f"{cfg.topics.prefix}.cn.{name}"
         self._commit_interval_s = commit_interval_s

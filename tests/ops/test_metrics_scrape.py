@@ -30,6 +30,8 @@ RETENTION_MS = 3_600_000
 ELSEWHERE = {"kwal_compactions", "kwal_compacted_blocks"}
 # exported; moves only when the WAL fails (a fenced or failed log), which this test does not do
 NOT_HERE = {"kwal_log_failures"}
+# moves only in secure mode, for a record without a principal (tests/security/test_secure_kafka.py)
+NOT_HERE |= {"kwal_security_dropped"}
 
 
 class Watch:

@@ -190,6 +190,12 @@ def _serve(cfg: KwalConfig, stop: threading.Event) -> int | BaseException:
         sampler = MetricsSampler(log, checkpoints, logtail.publisher, cfg.tn.metrics_interval_s)
         parts.callback(sampler.start().stop)
         service = TnService(cfg, engine)
+        gateway = None
+        if cfg.security.enabled:  # per-principal topics in and out (docs/security.md)
+            from tn.service.gateway import PrincipalGateway
+
+            gateway = PrincipalGateway(cfg).start()
+            parts.callback(lambda: gateway.stop(patience(10.0)) if gateway is not None else None)
         status = _status_publisher(cfg, log)
         if status is not None:
             parts.callback(lambda: status.stop(patience(5.0)))
@@ -201,7 +207,7 @@ def _serve(cfg: KwalConfig, stop: threading.Event) -> int | BaseException:
             if failure is not None:
                 service.stop()
                 return failure
-            if not service.healthy():
+            if not service.healthy() or (gateway is not None and not gateway.healthy()):
                 print("kwal-tn: a service thread died", file=sys.stderr, flush=True)
                 return 1
         service.stop()

@@ -82,6 +82,18 @@ stops it, reopens the log, recovers a new engine and starts a new service, whose
 start-up (above) answers each of those requests truthfully: committed if its
 id was replayed into ``kwal_system.requests``, otherwise it is run.
 
+Principals
+----------
+In secure mode (`[security] enabled`, docs/security.md) the requests topic is written
+by the gateway only (`tn.service.gateway`, Kafka ACLs), which names each record's
+sender, as the broker authenticated it, in the `kwal-principal` header. A request
+whose client id is not its sender's principal is refused (`forged_client`); the others
+run with their id scoped by the principal (`<principal>/<id>`, in the system tables
+too), so that one principal's ids never dedup against, or replay, another's; `write_acl`
+is evaluated against the principal. Every result names the principal as its client id:
+the gateway sends it to that principal's results topic. A record without the header
+(nobody to answer) is dropped and counted.
+
 Undecodable requests
 --------------------
 If even the request id cannot be read, the result's request id is
@@ -93,6 +105,7 @@ but the body is not, or the request is oversized), the result carries it.
 
 from __future__ import annotations
 
+import dataclasses
 import heapq
 import logging
 import queue
@@ -109,6 +122,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, To
 from infra.config import KwalConfig
 from infra.kafka_io import FETCH_WAIT_MS, poll_batch
 from infra.metrics import METRICS
+from infra.principals import PRINCIPAL_HEADER, scoped_id
 from infra.queues import drain
 from schemas.exceptions import CodecError, UnsupportedFormatError
 from schemas.requests import (
@@ -179,6 +193,10 @@ class TnService:
         self.cfg = cfg
         self.engine = engine
         self.acl = WriteAcl(cfg.tn.write_acl)
+        # secure mode: each request's principal comes from the gateway's header (see
+        # "Principals"); request offset -> principal until the request is resolved
+        self.secure = cfg.security.enabled
+        self._principal_at: dict[int, str] = {}
         self.exactly_once = exactly_once
         self.max_inflight = max_inflight
         self.progress_interval_s = progress_interval_s
@@ -436,7 +454,7 @@ class TnService:
                 assert offset is not None
                 req: TxnRequest | None = None
                 try:
-                    req = self._accept(offset, msg.key(), msg.value() or b"")
+                    req = self._accept(offset, msg.key(), msg.value() or b"", _principal(msg))
                     if req is None:
                         continue
                     member = self._group_member(req, offset) if self.group_max > 1 else None
@@ -481,18 +499,36 @@ class TnService:
             key = req.request_id.encode()
         self._publish(res, key, offset)
 
-    def _accept(self, offset: int, key: bytes | None, value: bytes) -> TxnRequest | None:
+    def _accept(
+        self, offset: int, key: bytes | None, value: bytes, principal: str | None = None
+    ) -> TxnRequest | None:
         """Decode and deduplicate one request record. Returns the request to run
-        (now marked in flight), or None when it has been answered here."""
+        (now marked in flight), or None when it has been answered here. `principal`: the
+        sender the gateway named (secure mode, see "Principals")."""
         with self._lock:
             heapq.heappush(self._pending, offset)
             self._next_offset = offset + 1
             self._received[offset] = time.monotonic()
+            if self.secure and principal:
+                self._principal_at[offset] = principal
         self.processed += 1
+        if self.secure and not principal:
+            # nobody to answer: only the gateway writes this topic, and it always names one
+            METRICS.security_dropped.labels("request_without_principal").inc()
+            log.warning("request at offset %s has no principal header: dropped", offset)
+            self._resolve(offset)
+            return None
+
+        def peeked() -> str:
+            rid = peek_request_id(value)
+            if rid is None:
+                return f"@{self.partition}:{offset}"
+            return scoped_id(principal, rid) if self.secure and principal else rid
+
         req: TxnRequest | None = None
         error: TxnResult | None = None
         if len(value) > self.cfg.tn.max_request_bytes:
-            rid = peek_request_id(value) or f"@{self.partition}:{offset}"
+            rid = peeked()
             error = TxnResult.aborted(
                 rid,
                 Kind.VALIDATION,
@@ -505,14 +541,28 @@ class TnService:
             except UnsupportedFormatError as e:
                 # a kwal envelope of a version (or schema) this TN does not know,
                 # or not a kwal record at all
-                rid = peek_request_id(value) or f"@{self.partition}:{offset}"
+                rid = peeked()
                 reason = Reason.UNSUPPORTED_VERSION if value[:2] == b"KW" else Reason.UNDECODABLE
                 error = TxnResult.aborted(rid, Kind.VALIDATION, reason, str(e))
             except (CodecError, RequestFormatError, ValueError, KeyError, TypeError) as e:
-                rid = peek_request_id(value) or f"@{self.partition}:{offset}"
+                rid = peeked()
                 error = TxnResult.aborted(
                     rid, Kind.VALIDATION, Reason.UNDECODABLE, f"{type(e).__name__}: {e}"
                 )
+        if req is not None and self.secure and principal:
+            scoped = scoped_id(principal, req.request_id)
+            if req.client_id != principal:
+                error = TxnResult.aborted(
+                    scoped,
+                    Kind.PERMISSION,
+                    Reason.FORGED_CLIENT,
+                    f"the request names client {req.client_id!r} but its sender authenticated "
+                    f"as {principal!r}",
+                    client_id=principal,
+                )
+                key, req = scoped.encode(), None
+            else:
+                req = dataclasses.replace(req, request_id=scoped)
         if req is not None:
             why = self.acl.denied(req)
             if why is not None:
@@ -675,6 +725,10 @@ class TnService:
                 self._fail(m.req, m.offset, None, e)
 
     def _publish(self, res: TxnResult, key: bytes | None, offset: int) -> None:
+        if self.secure and not res.client_id:
+            # the gateway sends a result to its principal's topic (an undecodable request's too)
+            with self._lock:
+                res = _with(res, client_id=self._principal_at.get(offset, ""))
         if res.committed:
             METRICS.commits.inc()
         else:
@@ -759,6 +813,7 @@ class TnService:
 
     def _resolve_locked(self, offset: int) -> None:
         self._received.pop(offset, None)
+        self._principal_at.pop(offset, None)
         self._resolved.add(offset)
         while self._pending and self._pending[0] in self._resolved:
             self._resolved.discard(heapq.heappop(self._pending))
@@ -853,6 +908,14 @@ class _Group:
     def take(self) -> list[_Member]:
         members, self.members, self.keys = self.members, [], set()
         return members
+
+
+def _principal(msg: Any) -> str | None:
+    """The `kwal-principal` header of a request record (secure mode), or None."""
+    for name, value in msg.headers() or ():
+        if name == PRINCIPAL_HEADER and value:
+            return bytes(value).decode("utf-8", "replace")
+    return None
 
 
 def _rollback(txn: Any) -> None:
