@@ -84,12 +84,12 @@ def resolve_jars(pom: Path, name: str, timeout_s: float = 1200.0) -> Path:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def build_app(pom: Path, name: str, output: str, timeout_s: float = 1800.0) -> Path:
-    """The directory of an application `pom` builds (`mvn package`; its `output` directory
-    under the build directory, e.g. Quarkus's `quarkus-app`), building it on first use.
+def build_app(pom: Path, name: str, runner: str, timeout_s: float = 1800.0) -> Path:
+    """The build directory of an application `pom` builds with `mvn package` (holding the
+    file `runner`, e.g. a Quarkus runner jar beside its `lib/`), building it on first use.
     The same steps as `resolve_jars`: a `.complete` marker, a fresh temporary directory,
     a rename into place. The pom takes its build directory from `kwal.build.dir`, so the
-    build writes nothing beside it (the repository)."""
+    build writes nothing beside it (in the repository)."""
     done = resolved_dir(name)
     if done is not None:
         return done
@@ -102,9 +102,10 @@ def build_app(pom: Path, name: str, output: str, timeout_s: float = 1800.0) -> P
     root = cache_root()
     root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=root))
+    built = tmp / "build"
     try:
         argv = [mvn, "-B", "-q", "-f", str(pom), "package", "-DskipTests",
-                f"-Dkwal.build.dir={tmp / 'build'}"]
+                f"-Dkwal.build.dir={built}"]
         try:
             run = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, check=False)
         except subprocess.TimeoutExpired as e:
@@ -112,9 +113,8 @@ def build_app(pom: Path, name: str, output: str, timeout_s: float = 1800.0) -> P
         if run.returncode != 0:
             tail = "\n".join((run.stdout + run.stderr).splitlines()[-25:])
             raise MavenError(f"mvn could not build {name} from {pom} (exit {run.returncode}):\n{tail}")
-        built = tmp / "build" / output
-        if not built.is_dir():
-            raise MavenError(f"mvn built no {output}/ for {name} from {pom}")
+        if not (built / runner).is_file():
+            raise MavenError(f"mvn built no {runner} for {name} from {pom}")
         (built / COMPLETE).write_text(pom.read_text())
         final = root / name
         try:

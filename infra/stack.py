@@ -154,7 +154,7 @@ def stop_stack(state: StackState) -> list[str]:
     for name, pid, marker in (
         ("broker", state.broker_pid, state.broker_marker),
         ("s3", state.s3_pid, "moto"),
-        ("schema registry", state.registry_pid, "quarkus-run.jar"),
+        ("schema registry", state.registry_pid, "kwal-schema-registry"),
     ):
         if not pid:
             continue

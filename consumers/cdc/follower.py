@@ -38,7 +38,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroDeserializer, AvroSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
@@ -379,7 +379,7 @@ def last_published_ts(cfg: KwalConfig, registry: SchemaRegistryClient, timeout_s
     deserialize = AvroDeserializer(registry)
     deadline = time.monotonic() + timeout_s
     try:
-        low, high = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=timeout_s)
+        low, high = _watermarks(consumer, topic, deadline)
         end, window = high, 64
         while end > low:
             start = max(low, end - window)
@@ -390,6 +390,29 @@ def last_published_ts(cfg: KwalConfig, registry: SchemaRegistryClient, timeout_s
         return 0
     finally:
         consumer.close()
+
+
+_NOT_READY = (
+    KafkaError.NOT_LEADER_FOR_PARTITION,
+    KafkaError.LEADER_NOT_AVAILABLE,
+    KafkaError.UNKNOWN_TOPIC_OR_PART,
+)
+
+
+def _watermarks(consumer: Consumer, topic: str, deadline: float) -> tuple[int, int]:
+    """The topic's low and high offsets. A topic created a moment ago can answer "not
+    leader" until its leader is known: asked again, within the deadline."""
+    while True:
+        try:
+            low, high = consumer.get_watermark_offsets(
+                TopicPartition(topic, 0), timeout=max(0.5, deadline - time.monotonic())
+            )
+            return int(low), int(high)
+        except KafkaException as e:
+            error = e.args[0]
+            if not (error.retriable() or error.code() in _NOT_READY) or time.monotonic() > deadline:
+                raise ChangeStreamError(f"change stream: the offsets of {topic}: {e}") from e
+            time.sleep(0.1)
 
 
 def _newest_end(

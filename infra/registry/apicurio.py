@@ -5,7 +5,7 @@ and builds it with Quarkus's Maven plugin into `~/.cache/kwal/apicurio-registry-
 once (`infra.maven.build_app`; the pom says why a build and which version). Its storage is
 an in-memory H2 database: schemas last as long as the process, as the topics of a test do.
 
-Start (`start_registry`): `java -jar quarkus-run.jar` on 127.0.0.1 and a free port, bounded
+Start (`start_registry`): `java -jar` its runner jar on 127.0.0.1 and a free port, bounded
 wait until the Confluent-compatible API lists subjects. Clients (confluent-kafka's
 `SchemaRegistryClient`, Kafka Connect's AvroConverter, Flink) take `ccompat_url(address)`.
 """
@@ -23,6 +23,7 @@ APICURIO_VERSION = "2.3.1.Final"
 POM = Path(__file__).with_name("pom.xml")
 HEAP = "-Xms64m -Xmx384m"
 CCOMPAT = "/apis/ccompat/v6"
+RUNNER = "kwal-schema-registry-1-runner.jar"  # Quarkus's runner jar, its lib/ beside it
 
 
 class RegistryUnavailableError(ServerStartError):
@@ -30,9 +31,9 @@ class RegistryUnavailableError(ServerStartError):
 
 
 def registry_app() -> Path:
-    """The built application (`quarkus-run.jar` and its `lib/`), built on first use."""
+    """The built application (the runner jar and its `lib/`), built on first use."""
     try:
-        return build_app(POM, f"apicurio-registry-{APICURIO_VERSION}", "quarkus-app")
+        return build_app(POM, f"apicurio-registry-{APICURIO_VERSION}", RUNNER)
     except MavenError as e:
         raise RegistryUnavailableError(f"the schema registry (Apicurio Registry): {e}") from e
 
@@ -56,7 +57,7 @@ def start_registry(directory: Path, port: int | None = None, timeout_s: float = 
         java_binary(), *HEAP.split(), "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1",
         "-Djava.awt.headless=true",
         "-Dquarkus.http.host=127.0.0.1", f"-Dquarkus.http.port={port}",
-        "-jar", str(app / "quarkus-run.jar"),
+        "-jar", str(app / RUNNER),
     ]
     directory.mkdir(parents=True, exist_ok=True)
     return start_server(
