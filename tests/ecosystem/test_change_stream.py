@@ -3,7 +3,9 @@ the schema registry's standard Avro deserializer (confluent-kafka's `AvroDeseria
 with its `SchemaRegistryClient`, against a real Apicurio Registry) and by Spark's
 `from_avro` with the registered schemas; replaying it (upserts by key, deletes) equals the
 TN; the transaction metadata topic's BEGIN/END group each multi-table transaction's
-changes; ADD COLUMN registers the next version of the table's value schema."""
+changes; ADD COLUMN registers the next version of the table's value schema; a follower
+started again resumes after the last transaction it published (nothing twice, nothing
+lost, the `before` image rebuilt from the logtail)."""
 
 from __future__ import annotations
 
@@ -201,6 +203,27 @@ def test_change_stream_is_read_by_standard_tools_and_replays_to_the_tn(
             assert [(e["op"], e["before"], e["after"], e["source"]["lsn"]) for e in via_spark] == [
                 (v["op"], v["before"], v["after"], v["source"]["lsn"]) for _, v in decoded[name]
             ], name
+
+        # a follower started again publishes what came after the last END, nothing twice
+        stream.close()
+        with Client(cfg, "cdc-test-2") as client:
+            t = client.begin()
+            t.update("shop.stock", [{"id": 0, "left": 1.5}])
+            later = t.commit(timeout=30).commit_ts
+        stream = ChangeStreamPublisher(cfg, schema_registry).start()
+        assert stream.published_ts == final  # where it resumes: the newest END
+        wait_until("the restarted follower published", lambda: stream.published_ts >= later or stream.errors)
+        assert stream.errors == [] and stream.follower.errors == []
+        again = [v for _, v in _decode(registry, txn_topic, _read_all(cfg, txn_topic))]
+        assert [(m["status"], m["id"]) for m in again[: len(markers)]] == [
+            (m["status"], m["id"]) for m in markers
+        ]
+        assert [m["status"] for m in again[len(markers):]] == ["BEGIN", "END"]
+        stock_topic = cfg.topics.changes("shop", "stock")
+        last = _decode(registry, stock_topic, _read_all(cfg, stock_topic))[len(decoded["shop.stock"]):]
+        assert [(k["id"], v["op"], v["before"]["left"], v["after"]["left"]) for k, v in last] == [
+            (0, "u", 100.0, 1.5)
+        ]
     finally:
         stream.close()
         service.stop(drain_timeout_s=5)
