@@ -258,7 +258,10 @@ class ChangeStreamPublisher:
             except Exception as e:  # noqa: BLE001 - reported; the follower stops publishing
                 log.exception("change stream publish failed")
                 self.errors.append(f"{type(e).__name__}: {e}")
-                self._producer.abort_transaction(10)
+                try:
+                    self._producer.abort_transaction(10)
+                except KafkaException as abort_error:  # none open, or the broker is gone
+                    self.errors.append(f"abort: {abort_error}")
                 return
 
     def _publish(self, batch: list[ReadyTxn]) -> None:
