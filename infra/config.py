@@ -78,6 +78,15 @@ class TopicsConfig:
         """Secure mode: the results topic only `principal` may read."""
         return self.name(f"results.{principal}")
 
+    def changes(self, database: str, table: str) -> str:
+        """A table's change stream (consumers.cdc, docs/change-stream.md)."""
+        return self.name(f"changes.{database}.{table}")
+
+    @property
+    def changes_transactions(self) -> str:
+        """The change stream's transaction metadata (BEGIN/END per transaction)."""
+        return self.name("changes.transactions")
+
 
 @dataclass
 class ObjectStoreConfig:
@@ -156,6 +165,35 @@ class SecurityConfig:
 
 
 @dataclass
+class ChangeStreamConfig:
+    """The standard change stream per table (consumers.cdc, docs/change-stream.md): opt-in,
+    for every user table (`enabled`) or for the tables listed (`tables`)."""
+
+    enabled: bool = False  # every user table
+    tables: str = ""  # or only these: comma-separated db.table names
+    # the schema registry's Confluent-compatible API (e.g. http://127.0.0.1:8081/apis/ccompat/v7);
+    # empty: `kwal up` starts one on loopback (infra.registry)
+    registry_url: str = ""
+
+    def table_list(self) -> list[str]:
+        names = [t.strip() for t in self.tables.split(",") if t.strip()]
+        for name in names:
+            database, dot, table = name.partition(".")
+            if not dot or not database or not table:
+                raise ConfigError(f"change_stream.tables: {name!r} is not a db.table name")
+        return names
+
+    @property
+    def active(self) -> bool:
+        """Whether any table has a change stream."""
+        return self.enabled or bool(self.table_list())
+
+    def wants(self, table: str) -> bool:
+        """Whether `table` (db.table) gets a change stream."""
+        return self.enabled or table in self.table_list()
+
+
+@dataclass
 class StackConfig:
     """The embedded stack `kwal up` runs."""
 
@@ -176,6 +214,7 @@ class KwalConfig:
     tn: TnConfig = field(default_factory=TnConfig)
     compaction: CompactionConfig = field(default_factory=CompactionConfig)
     security: SecurityConfig = field(default_factory=SecurityConfig)
+    change_stream: ChangeStreamConfig = field(default_factory=ChangeStreamConfig)
     stack: StackConfig = field(default_factory=StackConfig)
     bootstrap_explicit: bool = False  # set when a file or the environment named bootstrap.servers
 
@@ -270,8 +309,10 @@ class KwalConfig:
             if rest.startswith("kafka_"):
                 self.kafka[rest[len("kafka_") :].replace("_", ".")] = value
                 continue
-            section, _, key = rest.partition("_")
-            if section in sections and key:
+            # a section's name may hold "_" itself (change_stream): the longest that fits
+            section = max((s for s in sections if rest.startswith(s + "_")), key=len, default="")
+            key = rest[len(section) + 1 :]
+            if section and key:
                 _set_field(getattr(self, section), key, value, f"environment {name}")
 
     def _section(self, section: str, source: str) -> Any:

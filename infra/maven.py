@@ -82,3 +82,46 @@ def resolve_jars(pom: Path, name: str, timeout_s: float = 1200.0) -> Path:
         return final
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def build_app(pom: Path, name: str, runner: str, timeout_s: float = 1800.0) -> Path:
+    """The build directory of an application `pom` builds with `mvn package` (holding the
+    file `runner`, e.g. a Quarkus runner jar beside its `lib/`), building it on first use.
+    The same steps as `resolve_jars`: a `.complete` marker, a fresh temporary directory,
+    a rename into place. The pom takes its build directory from `kwal.build.dir`, so the
+    build writes nothing beside it (in the repository)."""
+    done = resolved_dir(name)
+    if done is not None:
+        return done
+    mvn = shutil.which("mvn")
+    if mvn is None:
+        raise MavenError(
+            f"Maven (`mvn`) is not on PATH: it is needed once to build {name} from Maven "
+            "Central (apt install maven)"
+        )
+    root = cache_root()
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=root))
+    built = tmp / "build"
+    try:
+        argv = [mvn, "-B", "-q", "-f", str(pom), "package", "-DskipTests",
+                f"-Dkwal.build.dir={built}"]
+        try:
+            run = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, check=False)
+        except subprocess.TimeoutExpired as e:
+            raise MavenError(f"mvn did not build {name} within {timeout_s:.0f}s") from e
+        if run.returncode != 0:
+            tail = "\n".join((run.stdout + run.stderr).splitlines()[-25:])
+            raise MavenError(f"mvn could not build {name} from {pom} (exit {run.returncode}):\n{tail}")
+        if not (built / runner).is_file():
+            raise MavenError(f"mvn built no {runner} for {name} from {pom}")
+        (built / COMPLETE).write_text(pom.read_text())
+        final = root / name
+        try:
+            built.rename(final)
+        except OSError:
+            if resolved_dir(name) is None:  # not another process's finished copy: a real error
+                raise
+        return final
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

@@ -1,7 +1,9 @@
 """`kwal up` / `kwal down` / `kwal status`: the embedded stack for local use.
 
 `up` starts the loopback S3 server (moto) and a broker (Apache Kafka by
-default, `--broker tansu` for the embedded one) in the background and writes `<state_dir>/stack.json` with their PIDs and addresses;
+default, `--broker tansu` for the embedded one) in the background, and the schema
+registry (infra.registry) when the change stream is enabled (`change_stream.enabled` or
+`.tables`) and no `change_stream.registry_url` is set, and writes `<state_dir>/stack.json` with their PIDs and addresses;
 `down` stops exactly the PIDs that file names (after checking each is still
 the process `up` started, by its command line) and removes the file. While a
 stack is up, commands that were given no Kafka address or object store use the
@@ -35,6 +37,8 @@ class StackState:
     s3_endpoint: str
     log_dir: str
     broker: str = "tansu"  # state files written before Apache Kafka was the default name none
+    registry_pid: int = 0  # the schema registry of the change stream (0: none started)
+    registry_url: str = ""
 
     @property
     def broker_marker(self) -> str:
@@ -73,6 +77,8 @@ def apply_stack(cfg: KwalConfig, explicit_bootstrap: bool) -> KwalConfig:
     cfg = cfg.with_bootstrap(state.broker_address)
     if cfg.objectstore.url == ObjectStoreConfig().url:
         cfg.objectstore = state.object_store
+    if state.registry_url and not cfg.change_stream.registry_url:
+        cfg.change_stream.registry_url = state.registry_url
     return cfg
 
 
@@ -119,7 +125,17 @@ def start_stack(
     except BaseException:
         s3.stop()
         raise
-    return StackState(process.pid, process.address, broker_storage, s3.pid, endpoint, str(log_dir), broker)
+    state = StackState(process.pid, process.address, broker_storage, s3.pid, endpoint, str(log_dir), broker)
+    if cfg.change_stream.active and not cfg.change_stream.registry_url:
+        from infra.registry.apicurio import ccompat_url, start_registry
+
+        try:
+            registry = start_registry(log_dir, timeout_s=max(cfg.stack.start_timeout_s, 120.0))
+        except BaseException:
+            stop_stack(state)
+            raise
+        state.registry_pid, state.registry_url = registry.pid, ccompat_url(registry.address)
+    return state
 
 
 def _start_tansu(log_dir: Path, storage: str, endpoint: str, timeout_s: float) -> tuple[ServerProcess, str]:
@@ -148,7 +164,10 @@ def stop_stack(state: StackState) -> list[str]:
     for name, pid, marker in (
         ("broker", state.broker_pid, state.broker_marker),
         ("s3", state.s3_pid, "moto"),
+        ("schema registry", state.registry_pid, "kwal-schema-registry"),
     ):
+        if not pid:
+            continue
         if _pid_is_ours(pid, marker):
             stop_pid(pid)
             stopped.append(f"{name} (pid {pid})")
@@ -173,6 +192,8 @@ def run_up(args: Any, cfg: KwalConfig) -> int:
     path.write_text(json.dumps(asdict(state), indent=2))
     print(f"broker  {state.broker_address}  ({state.broker}, pid {state.broker_pid}, storage {state.broker_storage})")
     print(f"s3      {state.s3_endpoint}  (pid {state.s3_pid})")
+    if state.registry_url:
+        print(f"registry {state.registry_url}  (pid {state.registry_pid})")
     print(f"logs    {state.log_dir}")
     if secure:
         configs = Path(cfg.stack.state_dir) / "secure"

@@ -18,6 +18,8 @@ would make with its own defaults (partitions, cleanup, retention) is an error in
 |                    |                       |                | the running TN (kwal ops ...) |
 | requests.<service> | 1                     | delete         | as requests; secure mode only |
 | results.<service>  | 1                     | delete         | as results; secure mode only  |
+| changes.<db>.<tbl> | 1                     | delete         | -1 (the change stream, opt-in:|
+| changes.transactions| 1                    | delete         | consumers.cdc)                |
 
 The catalog and logtail topics: every record has a key of its own except heartbeats,
 which all share one key (`schemas.logtail.HEARTBEAT_KEY`). Compaction therefore keeps
@@ -113,6 +115,18 @@ def principal_topics(cfg: KwalConfig, principal: str) -> list[TopicSpec]:
 
 def logtail_topic(cfg: KwalConfig, database: str, table: str) -> TopicSpec:
     return TopicSpec(cfg.topics.logtail(database, table), 1, _rows(cfg, _logtail_config(cfg)))
+
+
+def change_stream_topics(cfg: KwalConfig, tables: Iterable[str]) -> list[TopicSpec]:
+    """The change stream's topics (consumers.cdc): one per table (`db.table`) and the
+    transaction metadata topic. One partition each: a reader applies a table's changes, and
+    whole transactions, in commit order. Kept until an operator sets a retention."""
+    t = cfg.topics
+    specs = [TopicSpec(t.changes_transactions, 1, dict(KEEP_FOREVER))]
+    for name in tables:
+        database, _, table = name.partition(".")
+        specs.append(TopicSpec(t.changes(database, table), 1, _rows(cfg, KEEP_FOREVER)))
+    return specs
 
 
 def admin_client(cfg: KwalConfig) -> AdminClient:

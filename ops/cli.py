@@ -111,6 +111,15 @@ def build_parser() -> argparse.ArgumentParser:
     query.add_argument("--ts", type=int, default=0, help="as of this ts (default: the watermark)")
     query.add_argument("--timeout", type=float, default=30.0, help="seconds to wait to catch up")
     query.add_argument("--json", action="store_true", help="one JSON object per row")
+    changes = sub.add_parser("changes", help="the standard change stream per table").add_subparsers(
+        dest="changes_command", required=True
+    )
+    crun = _command(
+        changes, "run", "consumers.cdc.command:run",
+        "follow the logtail, publish Debezium-style change events (docs/change-stream.md)",
+    )
+    crun.add_argument("--table", action="append", help="db.table (repeat; default: the config's)")
+    crun.add_argument("--seconds", type=float, default=0, help="stop after this long (0 = never)")
     ops = sub.add_parser("ops", help="operate the log: status, truncation, retention")
     ops_sub = ops.add_subparsers(dest="ops_command", required=True)
     ostatus = _command(

@@ -27,16 +27,21 @@ import os
 import shutil
 import sys
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 log = logging.getLogger(__name__)
 
 
-def build_session(app: str = "kwal-cn", master: str | None = None, driver_memory: str = "1g") -> Any:
+def build_session(
+    app: str = "kwal-cn", master: str | None = None, driver_memory: str = "1g",
+    jars: Sequence[str] = (),
+) -> Any:
     """A SparkSession for the job. Reuses an active one; under spark-submit (the JVM is already
     up: PYSPARK_GATEWAY_PORT is set) its master and settings win; otherwise a local session
-    with the laptop settings."""
+    with the laptop settings, and `jars` on its classpath (`spark.jars`; e.g.
+    `consumers.spark.jars.spark_avro_jars()`)."""
     worker_python_env()
     from pyspark.sql import SparkSession
 
@@ -58,6 +63,8 @@ def build_session(app: str = "kwal-cn", master: str | None = None, driver_memory
             .config("spark.ui.enabled", "false")
             .config("spark.ui.showConsoleProgress", "false")
         )
+        if jars:
+            builder = builder.config("spark.jars", ",".join(jars))
     elif master:
         builder = builder.master(master)
     return builder.getOrCreate()

@@ -55,3 +55,20 @@ def test_to_env_round_trips(tmp_path: Path) -> None:
     assert back.tn.heartbeat_ms == 15
     assert back.objectstore.url == "s3://b/p"
     assert back.kafka_client()["sasl.username"] == "bob"
+
+
+def test_change_stream_settings_from_the_environment() -> None:
+    """A section whose name holds "_" (change_stream) is found by its whole name."""
+    from infra.config import ConfigError, KwalConfig
+
+    cfg = KwalConfig.load(environ={"KWAL_CHANGE_STREAM_TABLES": "shop.orders, shop.stock",
+                                   "KWAL_CHANGE_STREAM_REGISTRY_URL": "http://127.0.0.1:1/x"})
+    assert cfg.change_stream.table_list() == ["shop.orders", "shop.stock"]
+    assert cfg.change_stream.active and cfg.change_stream.wants("shop.stock")
+    assert not cfg.change_stream.wants("shop.other")
+    assert cfg.change_stream.registry_url == "http://127.0.0.1:1/x"
+    assert KwalConfig.load(environ=cfg.to_env()).change_stream == cfg.change_stream
+    assert KwalConfig.load(environ={"KWAL_CHANGE_STREAM_ENABLED": "1"}).change_stream.wants("a.b")
+    bad = KwalConfig.load(environ={"KWAL_CHANGE_STREAM_TABLES": "orders"})
+    with pytest.raises(ConfigError, match="'orders' is not a db.table name"):
+        bad.change_stream.table_list()

@@ -1,0 +1,1 @@
+"""The standard change stream per table (docs/change-stream.md)."""

@@ -1,0 +1,1 @@
+"""The schema registry the change stream registers its schemas in (infra.registry.apicurio)."""
