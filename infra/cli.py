@@ -47,6 +47,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="Apache Kafka (installed from Maven Central on first use) or the embedded tansu")
     up.add_argument("--broker-storage", choices=["memory", "s3"], default="memory",
                     help="where tansu keeps its data (Apache Kafka keeps it on local disk)")
+    up.add_argument("--brokers", type=int, choices=[1, 3], default=1,
+                    help="Apache Kafka nodes: 3 starts a KRaft cluster whose kwal topics are "
+                    "replicated 3 times, 2 in sync (docs/cluster.md)")
     _command(sub, "down", "infra.stack:run_down", "stop what `kwal up` started")
     _command(sub, "status", "infra.stack:run_status", "show the local stack's processes and addresses")
 
