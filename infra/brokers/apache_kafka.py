@@ -38,6 +38,7 @@ from infra.processes import ServerProcess, ServerStartError, free_port, start_se
 KAFKA_VERSION = "4.1.1"
 POM = Path(__file__).with_name("kafka") / "pom.xml"
 HEAP = "-Xms256m -Xmx768m"
+JVM_OPTIONS = f"{HEAP} -XX:+UseG1GC"
 
 # Broker settings of every local node; `KafkaNode.extra` adds to or overrides them.
 BROKER_SETTINGS: dict[str, str] = {
@@ -137,7 +138,7 @@ class KafkaNode:
     node_id: int = 1
     voters: str = ""  # default: this node alone, "<node_id>@127.0.0.1:<controller_port>"
     cluster_id: str = ""  # default: a fresh one at the first format
-    heap: str = HEAP
+    jvm_options: str = JVM_OPTIONS  # heap, collector, JIT
 
     def __post_init__(self) -> None:
         self.port = self.port or free_port()
@@ -179,7 +180,7 @@ class KafkaNode:
         config.write_text("".join(f"{k}={v}\n" for k, v in self.properties().items()))
         log4j = self.directory / "log4j2.properties"
         log4j.write_text(LOG4J2)
-        jvm = [java, *self.heap.split(), "-XX:+UseG1GC", "-Djava.awt.headless=true",
+        jvm = [java, *self.jvm_options.split(), "-Djava.awt.headless=true",
                f"-Dlog4j2.configurationFile={log4j}", "-cp", classpath]
         if not (self.data_dir / "meta.properties").exists():
             fmt = subprocess.run(
