@@ -156,6 +156,10 @@ class KafkaCluster:
         md = self.admin().list_topics(topic, timeout=timeout_s)
         return int(md.topics[topic].partitions[partition].leader)
 
+    def controller(self, timeout_s: float = 10.0) -> int:
+        """The node id of the active controller, as a broker reports it (-1: none known)."""
+        return int(self.admin().list_topics(timeout=timeout_s).controller_id)
+
     def under_replicated(self, topics: Sequence[str] | None = None, timeout_s: float = 10.0) -> list[str]:
         """The partitions (`topic/partition`) of `topics` (default: every topic) whose ISR
         lacks one of their replicas; empty when the cluster is fully in sync."""

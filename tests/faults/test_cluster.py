@@ -10,7 +10,7 @@ One scenario under load (a TN process, clients committing, a CN following):
    with the client's TimeoutError (outcome unknown, the request id to ask again);
 4. the two nodes return: commits are acknowledged again.
 
-After: every acknowledged commit is in the TN's state (as its logtail published it), in a
+After: kwal's topics have 3 replicas and min.insync.replicas 2; every acknowledged commit is in the TN's state (as its logtail published it), in a
 TN rebuilt from the WAL and in a CN started afterwards, at its acknowledged ts; no row
 twice, no aborted commit visible, no request with two outcomes on the results topic.
 
@@ -28,6 +28,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from confluent_kafka.admin import ConfigResource, ConfigSource
 
 from consumers.core.cn import CN
 from infra.brokers.kafka_cluster import KafkaCluster
@@ -133,6 +134,20 @@ def _check_after(cfg: KwalConfig, tn: TnProcess, live_cn: CN, commits: list[Comm
         log.close()
 
 
+def _check_replication(cluster: KafkaCluster, cfg: KwalConfig) -> None:
+    """Every topic of this run, the TN's logtail topic too, has 3 replicas and its own
+    min.insync.replicas=2."""
+    admin = cluster.admin()
+    ours = {n: t for n, t in admin.list_topics(timeout=20).topics.items() if n.startswith(cfg.topics.prefix + ".")}
+    assert cfg.topics.wal in ours and cfg.topics.logtail("f", "t") in ours, sorted(ours)
+    for name, t in ours.items():
+        assert all(len(p.replicas) == 3 for p in t.partitions.values()), name
+    futures = admin.describe_configs([ConfigResource(ConfigResource.Type.TOPIC, n) for n in ours])
+    for res, fut in futures.items():
+        entry = fut.result(timeout=20)["min.insync.replicas"]
+        assert (entry.value, entry.source) == ("2", ConfigSource.DYNAMIC_TOPIC_CONFIG.value), res.name
+
+
 def _start(cfg: KwalConfig, tmp_path: Path) -> tuple[TnProcess, Client, CN]:
     ensure_topics(cfg)
     tn = TnProcess(cfg, tmp_path)
@@ -149,7 +164,10 @@ def _start(cfg: KwalConfig, tmp_path: Path) -> tuple[TnProcess, Client, CN]:
 
 def _kill_and_resume(cluster: KafkaCluster, load: CommitLoad, node: int, wal: str) -> float:
     """Kill `node`, wait for the first acknowledgement of a commit sent after the kill,
-    then 30 more; return the pause (kill to that first acknowledgement, seconds)."""
+    then 30 more; print and return the pause (kill to that first acknowledgement, s)."""
+    role = "the WAL's leader" if cluster.leader(wal) == node else "not the WAL's leader"
+    if cluster.controller() == node:
+        role += ", the active controller"
     killed_at = time.monotonic()
     cluster.kill(node)
     wait_until(
@@ -161,6 +179,7 @@ def _kill_and_resume(cluster: KafkaCluster, load: CommitLoad, node: int, wal: st
     assert first is not None
     _wait_more_acks(load, 30, f"after node {node} was killed")
     assert cluster.leader(wal) not in (node, -1), f"{wal} is still led by the killed node {node}"
+    print(f"failover pause, node {node} ({role}) killed: {first.done - killed_at:.2f}s")
     return first.done - killed_at
 
 
@@ -171,23 +190,22 @@ def test_failovers_and_a_lost_write_quorum_under_load(cluster: KafkaCluster, tmp
     tn, client, cn = _start(cfg, tmp_path)
     try:
         load = CommitLoad(
-            client, TABLE, workers=4, timeout_s=FAILOVER_COMMIT_TIMEOUT_S, pause_s=LOAD_PAUSE_S
+            client, TABLE, workers=WORKERS, timeout_s=FAILOVER_COMMIT_TIMEOUT_S, pause_s=LOAD_PAUSE_S
         ).start()
         try:
             _wait_more_acks(load, 30, "before any kill")
 
             # 1. kill -9 the WAL partition's leader; bring it back, in sync
             first = cluster.leader(wal)
-            pause_1 = _kill_and_resume(cluster, load, first, wal)
-            print(f"\nfailover pause, WAL leader {first} killed: {pause_1:.2f}s")
+            print()
+            _kill_and_resume(cluster, load, first, wal)
             cluster.restart([first])
             wait_until(f"node {first} back in every ISR", lambda: not cluster.under_replicated(), 90)
 
             # 2. later another node: the WAL's leader again unless that is the same node
             leader = cluster.leader(wal)
             second = leader if leader != first else min(n for n in cluster.nodes if n != first)
-            pause_2 = _kill_and_resume(cluster, load, second, wal)
-            print(f"failover pause, node {second} killed: {pause_2:.2f}s")
+            _kill_and_resume(cluster, load, second, wal)
             commits = load.commits()
             assert not [c for c in commits if not c.acked], [c.error for c in commits if not c.acked][:5]
 
@@ -241,6 +259,7 @@ def test_failovers_and_a_lost_write_quorum_under_load(cluster: KafkaCluster, tmp
         print(f"{sum(c.acked for c in commits)} acknowledged, {sum(c.unknown for c in commits)} "
               f"unknown, {sum(c.error is not None and not c.unknown for c in commits)} aborted")
         _check_after(cfg, tn, cn, commits)
+        _check_replication(cluster, cfg)
     finally:
         cn.close()
         client.close()
