@@ -19,6 +19,9 @@ a small heap and cleaner buffer, retention checked every second from the start,
 deleted segments removed at once. Segments keep Kafka's default size (1 GiB): a
 segment must hold kwal's largest record (`KwalConfig.max_record_bytes`, above
 8 MiB), so a test that wants segments to roll sets the topic's `segment.ms`.
+
+A cluster of such nodes (node ids, one voter set, one cluster id) is
+`infra.brokers.kafka_cluster`.
 """
 
 from __future__ import annotations
