@@ -28,7 +28,7 @@ restarted node keeps its ports and data and catches up from the others.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -82,7 +82,6 @@ class KafkaCluster:
     directory: Path
     size: int = DEFAULT_SIZE
     jvm_options: str = CLUSTER_JVM_OPTIONS
-    extra: dict[str, str] = field(default_factory=dict)
     timeout_s: float = 120.0
     nodes: dict[int, KafkaNode] = field(default_factory=dict)
 
@@ -91,7 +90,7 @@ class KafkaCluster:
             raise ValueError(f"a Kafka cluster needs at least one node, got size={self.size}")
         rf, isr = replication_for(self.size)
         self.replication_factor, self.min_insync_replicas = rf, isr
-        settings = {**cluster_settings(rf, isr), **self.extra}
+        settings = cluster_settings(rf, isr)
         cid = cluster_id()
         for node_id in range(1, self.size + 1):
             self.nodes[node_id] = KafkaNode(
@@ -160,23 +159,16 @@ class KafkaCluster:
         """The node id of the active controller, as a broker reports it (-1: none known)."""
         return int(self.admin().list_topics(timeout=timeout_s).controller_id)
 
-    def under_replicated(self, topics: Sequence[str] | None = None, timeout_s: float = 10.0) -> list[str]:
-        """The partitions (`topic/partition`) of `topics` (default: every topic) whose ISR
-        lacks one of their replicas; empty when the cluster is fully in sync."""
+    def under_replicated(self, timeout_s: float = 10.0) -> list[str]:
+        """The partitions (`topic/partition`, every topic's) whose ISR lacks one of their
+        replicas, or that have no leader; empty when the cluster is fully in sync."""
         md = self.admin().list_topics(timeout=timeout_s)
-        names = list(md.topics) if topics is None else list(topics)
         out = []
-        for name in names:
-            t = md.topics.get(name)
-            if t is None or t.error is not None:
-                out.append(f"{name} (not listed)")
+        for name, t in md.topics.items():
+            if t.error is not None:
+                out.append(f"{name} ({t.error})")
                 continue
             for p, pm in t.partitions.items():
                 if set(pm.isrs) != set(pm.replicas) or pm.leader < 0:
                     out.append(f"{name}/{p}")
         return out
-
-
-def start_cluster(directory: Path, size: int = DEFAULT_SIZE, timeout_s: float = 120.0) -> KafkaCluster:
-    """Start a fresh cluster of `size` nodes with its data and logs under `directory`."""
-    return KafkaCluster(directory, size=size, timeout_s=timeout_s).start()
