@@ -33,7 +33,11 @@ class ConfigError(ValueError):
 class TopicsConfig:
     prefix: str = "kwal"
     wal_partitions: int = 1
+    # every kwal topic's replicas, and how many must have a write before it is acknowledged
+    # (producers use acks=all); 0 = the broker's min.insync.replicas. A cluster of three:
+    # 3 and 2 (`kwal up --brokers 3` sets them for commands that use its stack)
     replication_factor: int = 1
+    min_insync_replicas: int = 0
     requests_retention_ms: int = 7 * 24 * 3600 * 1000  # requests and results topics
     # how often the catalog/logtail topics' active segment rolls: the log cleaner
     # compacts their heartbeats away in closed segments only (infra.topics)

@@ -35,6 +35,12 @@ Retention of the WAL and logtail topics may be set later by an operator, only to
 value `kwal ops retention --check` calls safe. Topics that carry rows (requests, WAL,
 catalog, logtail) take records up to `cfg.max_record_bytes` (`max.message.bytes`;
 brokers default to ~1 MB).
+
+Replication: every topic kwal creates has `topics.replication_factor` replicas and, when
+`topics.min_insync_replicas` is set, that topic-level `min.insync.replicas` (with kwal's
+producers at `acks=all`, a write is acknowledged once that many replicas have it). On a
+single node both are 1; on a cluster of three, 3 and 2: an acknowledged write is on two
+nodes, and one node may be down without stopping writes (`infra.brokers.kafka_cluster`).
 """
 
 from __future__ import annotations
@@ -129,6 +135,22 @@ def change_stream_topics(cfg: KwalConfig, tables: Iterable[str]) -> list[TopicSp
     return specs
 
 
+def replication(cfg: KwalConfig) -> tuple[int, dict[str, str]]:
+    """The replication factor of every topic kwal creates and the topic config it adds
+    (`min.insync.replicas`, unless left to the broker); TopicError on settings with which
+    no write could ever be acknowledged."""
+    rf, isr = cfg.topics.replication_factor, cfg.topics.min_insync_replicas
+    if rf < 1:
+        raise TopicError(f"topics.replication_factor must be at least 1, got {rf}")
+    if not 0 <= isr <= rf:
+        raise TopicError(
+            f"topics.min_insync_replicas={isr} must be between 0 (the broker's default) and "
+            f"topics.replication_factor={rf}: with more in-sync replicas required than there "
+            "are replicas, no write would ever be acknowledged"
+        )
+    return rf, ({"min.insync.replicas": str(isr)} if isr else {})
+
+
 def admin_client(cfg: KwalConfig) -> AdminClient:
     return AdminClient(cfg.kafka_client())
 
@@ -147,9 +169,12 @@ def ensure_topics(
        opening right after would see its WAL topic "missing");
     4. check partition counts of those that existed (a WAL topic with fewer
        partitions than configured is an error: CreatePartitions is not
-       available everywhere, so kwal never grows a topic silently).
+       available everywhere, so kwal never grows a topic silently), and their
+       replicas (fewer than `topics.replication_factor` is an error: such a topic
+       does not survive the broker failures the setting promises).
     """
     specs = list(core_topics(cfg) if specs is None else specs)
+    replicas, replicated = replication(cfg)
     admin = admin_client(cfg)
     try:
         md = admin.list_topics(timeout=timeout_s)
@@ -159,7 +184,7 @@ def ensure_topics(
     if missing:
         futures = admin.create_topics(
             [
-                NewTopic(s.name, s.partitions, cfg.topics.replication_factor, config=s.config)
+                NewTopic(s.name, s.partitions, replicas, config={**s.config, **replicated})
                 for s in missing
             ],
             operation_timeout=timeout_s,
@@ -175,10 +200,19 @@ def ensure_topics(
     for spec in specs:
         if spec in missing:
             continue
-        have = len(md.topics[spec.name].partitions)
-        if have < spec.partitions:
+        partitions = md.topics[spec.name].partitions
+        if len(partitions) < spec.partitions:
             raise TopicError(
-                f"topic {spec.name} has {have} partitions, kwal is configured for {spec.partitions}"
+                f"topic {spec.name} has {len(partitions)} partitions, kwal is configured for "
+                f"{spec.partitions}"
+            )
+        # (a broker that lists no replicas, like the embedded one, is taken at its word)
+        fewest = min((len(p.replicas) for p in partitions.values() if p.replicas), default=replicas)
+        if fewest < replicas:
+            raise TopicError(
+                f"topic {spec.name} has partitions with {fewest} replicas, kwal is configured "
+                f"for topics.replication_factor={replicas}: add replicas (kafka-reassign-"
+                "partitions) or lower the setting"
             )
 
 

@@ -50,6 +50,9 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--secure", action="store_true",
                     help="Apache Kafka with SASL/SCRAM over TLS and kwal's ACLs; writes one config "
                     "file per principal (docs/security.md)")
+    up.add_argument("--brokers", type=int, choices=[1, 3], default=1,
+                    help="Apache Kafka nodes: 3 starts a KRaft cluster whose kwal topics are "
+                    "replicated 3 times, 2 in sync (docs/cluster.md)")
     _command(sub, "down", "infra.stack:run_down", "stop what `kwal up` started")
     _command(sub, "status", "infra.stack:run_status", "show the local stack's processes and addresses")
 

