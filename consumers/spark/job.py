@@ -157,6 +157,7 @@ from consumers.spark.decode import (
     wide_ddl,
     wide_name,
 )
+from consumers.spark.large_txn import new_large_blocks, write_large_blocks
 from consumers.spark.progress import (
     CHANGES,
     Incarnation,
@@ -222,8 +223,10 @@ class BatchWriter:
         compact_interval_s: float = 10.0,
         hints: dict[str, list[TableSchema]] | None = None,
         decoded: DecodePlan | None = None,
+        store: ObjectStore | None = None,
     ) -> None:
         self.output = str(output)
+        self.store = store  # large transactions' blocks (consumers.spark.large_txn)
         self.compact_interval_s = compact_interval_s
         self.catalog_topic = catalog_topic
         self.tables = tables  # db.table -> topic
@@ -344,7 +347,13 @@ class BatchWriter:
             tp.change_dirs.append([batch_id, rel, wide_name(tp.index, "")])
             if _has_raw(stats):
                 _hold(tp, batch_id, stats)  # no create_table or alter seen yet: decode later
+            large = new_large_blocks(tp, stats)
             changed += _absorb(tp, stats)
+            done = write_large_blocks(self.store, self.output, tp, batch_id, large)
+            if done is not None:
+                tp.change_dirs.append([batch_id, done[0], ""])
+                tp.change_rows += done[1]
+                changed += done[1]
         if tp.pending and _decodable(tp, catalog_watermark):
             paths = [
                 str(Path(self.output) / CHANGES / f"batch={b}" / f"{TABLE}={tp.index}")
@@ -769,7 +778,7 @@ def start_query(
         starts.update({t: {"0": o} for t, o in prog.start_offsets.items() if t in starts})
         options["startingOffsets"] = json.dumps(starts, sort_keys=True)
     hints = catalog_hints(bootstrap, catalog_topic, list(table_topics), options)
-    writer = BatchWriter(output, catalog_topic, table_topics, compact_interval_s, hints)
+    writer = BatchWriter(output, catalog_topic, table_topics, compact_interval_s, hints, store=store)
     plan = writer.source_plan()
     df = kafka_stream(spark, bootstrap, topics, decode=plan.to_json(), **options)
     writer.decoded = plan if TABLE in df.columns else None  # the built-in source does not decode
@@ -915,7 +924,7 @@ def run(args: Any, cfg: Any) -> int:
     spark = build_session(master=getattr(args, "master", None))
     topics = {t: cfg.topics.logtail(*t.split(".", 1)) for t in tables}
     kafka_opts = {f"kafka.{k}": v for k, v in cfg.kafka.items() if k != "bootstrap.servers"}
-    store = None if from_checkpoint == "never" else open_store(cfg.objectstore)
+    store = open_store(cfg.objectstore)  # checkpoints, and large transactions' blocks
     checkpoint = getattr(args, "checkpoint", None)
     timeout = float(getattr(args, "timeout", 0) or 0)
     deadline = time.monotonic() + timeout if timeout else None
@@ -960,7 +969,7 @@ def run(args: Any, cfg: Any) -> int:
         prog = load_progress(output)
         restarts = 0 if prog is not None and prog.batch_id >= 0 else restarts + 1
         lost = lost_records(cfg.bootstrap, output, checkpoint, topics, cfg.topics.catalog, kafka_opts)
-        if store is None or not lost or restarts > MAX_RESTARTS:
+        if from_checkpoint == "never" or not lost or restarts > MAX_RESTARTS:
             print(f"kwal cn spark: the query failed: {error}", file=sys.stderr)
             return 1
         # fell behind the truncation while running: start_query starts it again from the

@@ -189,7 +189,7 @@ def _serve(cfg: KwalConfig, stop: threading.Event) -> int | BaseException:
         parts.callback(ops.stop)
         sampler = MetricsSampler(log, checkpoints, logtail.publisher, cfg.tn.metrics_interval_s)
         parts.callback(sampler.start().stop)
-        service = TnService(cfg, engine)
+        service = TnService(cfg, engine, store=recovered.store)
         status = _status_publisher(cfg, log)
         if status is not None:
             parts.callback(lambda: status.stop(patience(5.0)))
