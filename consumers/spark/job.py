@@ -783,13 +783,18 @@ def start_query(
     df = kafka_stream(spark, bootstrap, topics, decode=plan.to_json(), **options)
     writer.decoded = plan if TABLE in df.columns else None  # the built-in source does not decode
     w = df.writeStream.foreachBatch(writer).option("checkpointLocation", str(ckpt)).queryName(
-        f"kwal-cn-{abs(hash(str(output))) % 10**8}"
+        query_name(output)
     )
     if trigger in ("available-now", "availableNow", "once"):
         w = w.trigger(availableNow=True)
     else:
         w = w.trigger(processingTime=_interval(trigger))
     return w.start()
+
+
+def query_name(output: str | Path) -> str:
+    """The name of the query writing to `output` (its progress events carry it)."""
+    return f"kwal-cn-{abs(hash(str(output))) % 10**8}"
 
 
 def _parallelism(spark: Any) -> int:
@@ -925,6 +930,10 @@ def run(args: Any, cfg: Any) -> int:
     topics = {t: cfg.topics.logtail(*t.split(".", 1)) for t in tables}
     kafka_opts = {f"kafka.{k}": v for k, v in cfg.kafka.items() if k != "bootstrap.servers"}
     store = open_store(cfg.objectstore)  # checkpoints, and large transactions' blocks
+    from consumers.spark.status import attach_status
+
+    # its watermark lag for `kwal ops status` (the ops topic), after every micro-batch
+    attach_status(spark, cfg, output, Path(output).resolve().name)
     checkpoint = getattr(args, "checkpoint", None)
     timeout = float(getattr(args, "timeout", 0) or 0)
     deadline = time.monotonic() + timeout if timeout else None

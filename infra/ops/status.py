@@ -13,7 +13,9 @@ Read-only throughout (never opens a `KafkaDriver`, which would fence the TN):
 6. logtail lag per CN consumer group (`<prefix>.cn.<name>`): the end found by
    reading past the high watermark (see `walscan`) minus the committed offset;
 7. retention of the WAL and logtail topics and whether it is safe
-   (`ops.retention.assess`).
+   (`ops.retention.assess`);
+8. the watermark lag of CNs that report on the ops topic (the Spark CN:
+   `ops.cn_status`).
 
 Each section that fails is reported in `errors` and the rest is still shown.
 """
@@ -29,6 +31,7 @@ from confluent_kafka import Message
 
 from infra.config import KwalConfig
 from infra.ops.checkpoints import CheckpointInfo, last_checkpoint
+from infra.ops.cn_status import read_statuses, render_statuses
 from infra.ops.retention import assess, cn_group_offsets
 from infra.ops.walscan import (
     END_METHOD,
@@ -147,6 +150,12 @@ def collect(cfg: KwalConfig, timeout_s: float, probe: bool = True) -> dict[str, 
             )
     out["consumers"] = lag
     out["consumers_end_method"] = END_METHOD
+    # 8. CN watermark lag (CNs without a consumer group: the Spark CN)
+    try:
+        out["cn_status"] = read_statuses(cfg, timeout_s)
+    except Exception as e:  # noqa: BLE001 - one section failing must not hide the others
+        errors.append(f"cn status: {type(e).__name__}: {e}")
+        out["cn_status"] = []
     # 7. retention
     try:
         if scan is None:
@@ -233,6 +242,7 @@ def render(st: dict[str, Any]) -> str:
         lines.append(
             f"  {c['group']}  {c['topic']}  committed {c['committed']}  end {c['end']}  lag {c['lag']}"
         )
+    lines.extend(render_statuses(st.get("cn_status", [])))
     lines.append("Retention:")
     if not st["retention"]:
         lines.append("  no WAL or logtail topics")
