@@ -38,6 +38,14 @@ from schemas.logtail import COMMIT_TS, BlockMeta
 LARGE_DIR = "large"
 
 
+def with_commit_ts(rows: pa.Table, ts: int) -> pa.Table:
+    """A large-transaction block object's rows with their commit ts: the block's create ts
+    (the object holds 0, written before the commit; FORMAT.md 9). Also for the checkpoint's
+    rows (`consumers.spark.bootstrap`)."""
+    at = rows.schema.get_field_index(COMMIT_TS)
+    return rows.set_column(at, COMMIT_TS, pa.array(np.full(rows.num_rows, ts, np.int64), pa.int64()))
+
+
 def new_large_blocks(tp: TableProgress, stats: pa.Table) -> list[BlockMeta]:
     """Step 1: the large-transaction blocks of `stats` (a batch's control rows) that
     `tp` has not met, once each, in their order."""
@@ -83,10 +91,7 @@ def write_large_blocks(
                 f"{meta.block_id}: {type(e).__name__}: {e}"
             ) from e
         n = rows.num_rows
-        at = rows.schema.get_field_index(COMMIT_TS)
-        rows = rows.set_column(
-            at, COMMIT_TS, pa.array(np.full(n, meta.create_ts, np.int64), pa.int64())
-        )
+        rows = with_commit_ts(rows, meta.create_ts)
         change = as_change_rows(rows, INSERT, np.zeros(n, np.int64), np.full(n, -1, np.int64), target)
         pq.write_table(change, out / f"block-{meta.block_id}.parquet")
         written += n

@@ -152,7 +152,8 @@ def collect(cfg: KwalConfig, timeout_s: float, probe: bool = True) -> dict[str, 
     out["consumers_end_method"] = END_METHOD
     # 8. CN watermark lag (CNs without a consumer group: the Spark CN)
     try:
-        out["cn_status"] = read_statuses(cfg, timeout_s)
+        present = topic_partitions(admin, cfg.topics.ops, timeout_s) is not None
+        out["cn_status"] = read_statuses(cfg, timeout_s) if present else []
     except Exception as e:  # noqa: BLE001 - one section failing must not hide the others
         errors.append(f"cn status: {type(e).__name__}: {e}")
         out["cn_status"] = []
