@@ -7,8 +7,8 @@ the blocks back: the keys are still known to the TN), both CNs read it whole fro
 topics and the objects (the Python CN, consumers.core, and the Spark CN, a real
 SparkSession), and a checkpoint covers it: the TN restarts from that checkpoint and a
 Python CN starts from it with every row. Sizes: 16 MB in several objects in CI (the whole path, within the suite's
-time budget), 200 MB in the slow variant (`-m slow`; measured 140 s alone on 2 cores, most
-of it the Spark CN's local shuffle of 200 MB). Above `client.max_txn_bytes` the client raises ValidationError naming the
+time budget), 200 MB in the slow variant (`-m slow`; its call measured 308 s on the 2 cores under a
+load average of 20+, most of it the Spark CN's local shuffle of 200 MB). Above `client.max_txn_bytes` the client raises ValidationError naming the
 limit, and nothing reaches the requests topic or the object store."""
 
 from __future__ import annotations
