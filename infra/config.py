@@ -136,6 +136,19 @@ class TnConfig:
 
 
 @dataclass
+class ClientConfig:
+    """The producers client's large transactions (docs/large-transactions.md): a
+    transaction whose INSERT rows exceed `spill_bytes` (Arrow bytes in memory) sends them
+    through the object store, as Parquet objects of at most `object_rows` rows, and only
+    their keys over Kafka; one above `max_txn_bytes` is refused before anything is sent."""
+
+    spill_bytes: int = 4 << 20
+    max_txn_bytes: int = 1 << 30
+    object_rows: int = 16 * 8192  # rows per object; the TN takes at most 16 blocks' worth
+    spill_prefix: str = "uploads"  # object keys: <prefix>/<client id>/<request id>/<n>.parquet
+
+
+@dataclass
 class CompactionConfig:
     """The TN's scheduled compaction (tn.checkpoint.policy, docs/compaction.md): a table's
     flushed blocks are merged when `min_small_blocks` of them hold at most `small_rows`
@@ -219,6 +232,7 @@ class KwalConfig:
     compaction: CompactionConfig = field(default_factory=CompactionConfig)
     security: SecurityConfig = field(default_factory=SecurityConfig)
     change_stream: ChangeStreamConfig = field(default_factory=ChangeStreamConfig)
+    client: ClientConfig = field(default_factory=ClientConfig)
     stack: StackConfig = field(default_factory=StackConfig)
     bootstrap_explicit: bool = False  # set when a file or the environment named bootstrap.servers
 

@@ -13,7 +13,9 @@ Read-only throughout (never opens a `KafkaDriver`, which would fence the TN):
 6. logtail lag per CN consumer group (`<prefix>.cn.<name>`): the end found by
    reading past the high watermark (see `walscan`) minus the committed offset;
 7. retention of the WAL and logtail topics and whether it is safe
-   (`ops.retention.assess`).
+   (`ops.retention.assess`);
+8. the watermark lag of CNs that report on the ops topic (the Spark CN:
+   `ops.cn_status`).
 
 Each section that fails is reported in `errors` and the rest is still shown.
 """
@@ -27,6 +29,7 @@ from typing import Any
 
 from confluent_kafka import Message
 
+from infra.cn_status import read_statuses
 from infra.config import KwalConfig
 from infra.exceptions import OpsError
 from infra.topic_scan import END_METHOD, admin_for, read_to_end, topic_partitions
@@ -141,6 +144,13 @@ def collect(cfg: KwalConfig, timeout_s: float, probe: bool = True) -> dict[str, 
             )
     out["consumers"] = lag
     out["consumers_end_method"] = END_METHOD
+    # 8. CN watermark lag (CNs without a consumer group: the Spark CN)
+    try:
+        present = topic_partitions(admin, cfg.topics.ops, timeout_s) is not None
+        out["cn_status"] = read_statuses(cfg, timeout_s) if present else []
+    except Exception as e:  # noqa: BLE001 - one section failing must not hide the others
+        errors.append(f"cn status: {type(e).__name__}: {e}")
+        out["cn_status"] = []
     # 7. retention
     try:
         if scan is None:
@@ -227,6 +237,7 @@ def render(st: dict[str, Any]) -> str:
         lines.append(
             f"  {c['group']}  {c['topic']}  committed {c['committed']}  end {c['end']}  lag {c['lag']}"
         )
+    lines.extend(render_statuses(st.get("cn_status", [])))
     lines.append("Retention:")
     if not st["retention"]:
         lines.append("  no WAL or logtail topics")
@@ -255,3 +266,16 @@ def run(args: Any, cfg: KwalConfig) -> int:
     else:
         print(render(st))
     return 1 if st["errors"] else 0
+
+
+def render_statuses(statuses: list[dict[str, Any]]) -> list[str]:
+    lines = ["CN watermark lag (reported on the ops topic):"]
+    if not statuses:
+        lines.append("  no CN reporting")
+    for s in statuses:
+        lag = "n/a (no watermark yet)" if s["lag_s"] is None else f"{s['lag_s']}s"
+        lines.append(
+            f"  {s['cn']} {s['name']}  watermark {s['watermark']}  lag {lag}  batch {s['batch_id']}"
+            f"  reported {s['age_s']}s ago{', STALE' if s['stale'] else ''}"
+        )
+    return lines

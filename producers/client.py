@@ -40,16 +40,20 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 
 from infra.config import KwalConfig
 from infra.kafka_io import FETCH_WAIT_MS, poll_batch
+from infra.objectstore import ObjectStore, open_store
 from infra.principals import client_principal, requests_topic, results_topic
 from infra.queues import drain
 from infra.stack import apply_stack
 from producers.exceptions import (
+    AbortedError,
     ClientClosedError,
+    ConflictError,
     ProducerError,
     TimeoutError,
     ValidationError,
     error_for,
 )
+from producers.spill import check_size, discard, needs_spill, spill
 from schemas.requests import (
     Column,
     OpKind,
@@ -359,8 +363,15 @@ class Client:
     and committed concurrently from many threads."""
 
     def __init__(
-        self, cfg: KwalConfig, client_id: str | None = None, *, start_timeout_s: float = 15.0
+        self,
+        cfg: KwalConfig,
+        client_id: str | None = None,
+        *,
+        start_timeout_s: float = 15.0,
+        store: ObjectStore | None = None,
     ) -> None:
+        """`store`: where large transactions' rows go (producers.spill); default: the
+        config's object store (`[objectstore]`, the TN's), opened when first needed."""
         # Like the command line: a config that names no Kafka address (no file, no
         # KWAL_BOOTSTRAP, no with_bootstrap) uses the running `kwal up` stack's.
         cfg = apply_stack(cfg, explicit_bootstrap=cfg.bootstrap_explicit)
@@ -374,6 +385,14 @@ class Client:
         self._producer = self._shared.producer
         self._router = _ResultRouter.acquire(cfg, start_timeout_s)
         self._closed = False
+        self._store = store
+        self._store_lock = threading.Lock()
+
+    def object_store(self) -> ObjectStore:
+        with self._store_lock:
+            if self._store is None:
+                self._store = open_store(self.cfg.objectstore)
+            return self._store
 
     def begin(self) -> Transaction:
         if self._closed:
@@ -455,6 +474,19 @@ class Client:
         self.close()
 
 
+def _discard_after_answer(
+    fut: Future[CommitResult], store: ObjectStore, uploads: list[str]
+) -> None:
+    """A large transaction's uploads, once the TN answered (producers.spill step 4): on a
+    thread of its own, not the results reader's."""
+    exc = fut.exception()
+    if exc is not None and not isinstance(exc, (ConflictError, ValidationError, AbortedError)):
+        return  # no answer (timeout, closed, not delivered): a retry may need them
+    threading.Thread(
+        target=discard, args=(store, uploads), name="kwal-discard-uploads", daemon=True
+    ).start()
+
+
 class Transaction:
     """Operations collected locally; sent as one TxnRequest by commit()."""
 
@@ -527,14 +559,29 @@ class Transaction:
             self.request_id = check_request_id(request_id)
         if not self._ops:
             raise ValidationError("empty transaction", code="empty_transaction")
+        client = self._client
+        ops = list(self._ops)
+        size = check_size(ops, client.cfg.client, self.request_id)
+        uploads: list[str] = []
+        if needs_spill(size, client.cfg.client):
+            store = client.object_store()
+            ops, uploads = spill(ops, store, client.cfg.client, client.client_id, self.request_id)
         self._sent = True
         req = TxnRequest(
             request_id=self.request_id,
-            client_id=self._client.client_id,
-            ops=tuple(self._ops),
+            client_id=client.client_id,
+            ops=tuple(ops),
             sent_at_ms=int(time.time() * 1000),
         )
-        return self._client._send(req)
+        try:
+            fut = client._send(req)
+        except Exception:
+            if uploads:
+                discard(client.object_store(), uploads)
+            raise
+        if uploads:
+            fut.add_done_callback(lambda f: _discard_after_answer(f, client.object_store(), uploads))
+        return fut
 
     def commit(self, timeout: float | None = 30.0, request_id: str | None = None) -> CommitResult:
         """Send and wait. Raises ConflictError, ValidationError, TimeoutError

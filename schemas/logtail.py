@@ -68,6 +68,9 @@ class Heartbeat:
     pass
 
 
+LARGE_TXN_SUFFIX = f"-{0:020d}.parquet"  # a large transaction's block object key ends so
+
+
 @dataclass(frozen=True, slots=True)
 class BlockMeta:
     block_id: int
@@ -80,6 +83,15 @@ class BlockMeta:
     def alive_at(self, ts: int) -> bool:
         """Whether the block's objects are part of its table at `ts`."""
         return self.create_ts <= ts and not (self.delete_ts and self.delete_ts <= ts)
+
+    @property
+    def large_txn(self) -> bool:
+        """A block a large transaction committed with its rows in object storage
+        (FORMAT.md 5): created at `create_ts` by that transaction, its object's key has
+        ts 0 (`-00000000000000000000.parquet`: written before the commit ts was known)
+        and its rows never came as `Changes`, so a reader that follows `Changes` must
+        read them from `meta_loc` (their `__commit_ts` is `create_ts`)."""
+        return bool(self.create_ts) and not self.delete_ts and self.meta_loc.endswith(LARGE_TXN_SUFFIX)
 
 
 @dataclass(frozen=True, slots=True)

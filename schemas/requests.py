@@ -18,9 +18,13 @@ from typing import Any
 import pyarrow as pa
 
 from schemas.arrow_ipc import ipc_to_table, table_to_ipc
-from schemas.codec import decode_record, encode_record
+from schemas.codec import decode_record, encode_record, schema_of
 
 REQUEST_SCHEMA = "txn_request"
+# v2 adds `objects` to an op (a large transaction's rows in object storage); a request
+# without one is still written as v1, so every earlier reader keeps reading it.
+REQUEST_SCHEMA_V2 = "txn_request_v2"
+REQUEST_SCHEMAS = (REQUEST_SCHEMA, REQUEST_SCHEMA_V2)
 RESULT_SCHEMA = "txn_result"
 
 
@@ -87,6 +91,8 @@ class TxnOp:
     - ADD_COLUMN: database, table, columns[0] (name and type)
     - DROP_COLUMN: database, table, columns[0].name
     - INSERT / UPDATE: database, table, rows
+    - INSERT of a large transaction: database, table, objects (object-store keys of
+      Parquet files with the rows; rows None; docs/large-transactions.md)
     - DELETE: database, table, keys (primary-key values)
     """
 
@@ -97,6 +103,7 @@ class TxnOp:
     primary_key: str = ""
     rows: pa.Table | None = None
     keys: tuple[Any, ...] | None = None
+    objects: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,7 +153,7 @@ def _keys_to_ipc(keys: tuple[Any, ...]) -> bytes:
 
 
 def request_to_dict(req: TxnRequest) -> dict[str, Any]:
-    ops = []
+    ops: list[dict[str, Any]] = []
     for op in req.ops:
         ops.append(
             {
@@ -159,6 +166,8 @@ def request_to_dict(req: TxnRequest) -> dict[str, Any]:
                 "keys": _keys_to_ipc(op.keys) if op.keys is not None else None,
             }
         )
+        if op.objects:
+            ops[-1]["objects"] = list(op.objects)
     return {
         "request_id": req.request_id,
         "client_id": req.client_id,
@@ -189,6 +198,7 @@ def request_from_dict(d: dict[str, Any]) -> TxnRequest:
                 primary_key=o.get("primary_key", ""),
                 rows=rows,
                 keys=keys,
+                objects=tuple(o.get("objects", ())),
             )
         )
     return TxnRequest(
@@ -228,12 +238,21 @@ def result_from_dict(d: dict[str, Any]) -> TxnResult:
 
 
 def encode_request(req: TxnRequest) -> bytes:
-    return encode_record(REQUEST_SCHEMA, request_to_dict(req))
+    """v1 (`txn_request`) unless an op names objects (then `txn_request_v2`)."""
+    d = request_to_dict(req)
+    if any("objects" in op for op in d["ops"]):
+        for op in d["ops"]:
+            op.setdefault("objects", [])
+        return encode_record(REQUEST_SCHEMA_V2, d)
+    return encode_record(REQUEST_SCHEMA, d)
 
 
 def decode_request(data: bytes) -> TxnRequest:
-    """Raises the codec's errors (DecodeError, UnsupportedFormatError) or RequestFormatError."""
-    _, d = decode_record(data, REQUEST_SCHEMA)
+    """Either version. Raises the codec's errors (DecodeError, UnsupportedFormatError,
+    UnexpectedSchemaError) or RequestFormatError."""
+    if schema_of(data) not in REQUEST_SCHEMAS:
+        decode_record(data, REQUEST_SCHEMA)  # raises UnexpectedSchemaError naming both
+    _, d = decode_record(data)
     return request_from_dict(d)
 
 
@@ -254,7 +273,7 @@ def peek_request_id(data: bytes) -> str | None:
         if len(data) < 4 or data[:2] != b"KW":
             return None
         end = 4 + data[3]
-        if data[4:end] != REQUEST_SCHEMA.encode():
+        if data[4:end] not in (REQUEST_SCHEMA.encode(), REQUEST_SCHEMA_V2.encode()):
             return None
         shift = 0
         raw = 0

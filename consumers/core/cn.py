@@ -51,6 +51,7 @@ from collections.abc import Callable, Iterable
 import pyarrow as pa
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
+from consumers.core.block_cache import DEFAULT_MAX_BYTES, BlockCache
 from consumers.core.exceptions import (
     AboveWatermarkError,
     BelowHorizonError,
@@ -87,9 +88,15 @@ _TRUNCATED = (KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE)
 class CNCore:
     """State of a set of subscribed tables, fed by `apply`; transport-free."""
 
-    def __init__(self, tables: Iterable[str], load: Callable[[str], bytes] | None = None) -> None:
+    def __init__(
+        self,
+        tables: Iterable[str],
+        load: Callable[[str], bytes] | None = None,
+        cache_bytes: int = DEFAULT_MAX_BYTES,
+    ) -> None:
+        """`cache_bytes`: how much of the block objects read it keeps (`BlockCache`)."""
         self.subscribed = {t for t in tables}
-        self._load = load or _no_store
+        self.blocks = BlockCache(load or _no_store, cache_bytes)
         self._lock = threading.Condition()
         self.tables: dict[str, list[TableState]] = {}  # name -> versions (by table id)
         self.marks: dict[str, int] = {}  # name -> its topic's watermark
@@ -230,6 +237,14 @@ class CNCore:
                 marks.append(self.marks.get(name, 0))
         return min(marks)
 
+    def rows_in_memory(self) -> int:
+        """Rows this CN holds: in-memory inserts of every table version, plus the block
+        objects' rows in its cache. Bounded by the rows since the last flush of each
+        block plus `cache_bytes` (docs/cn-memory.md)."""
+        with self._lock:
+            held = sum(v.rows_in_memory() for vs in self.tables.values() for v in vs)
+        return held + self.blocks.rows()
+
     def _created(self, table: str) -> bool:
         return any(v.create_ts for v in self.tables.get(table, ()))
 
@@ -249,7 +264,7 @@ class CNCore:
                 )
             for state in self.tables.get(table, ()):
                 if state.create_ts and state.alive_at(ts):
-                    return state.snapshot(ts, self._load)
+                    return state.snapshot(ts, self.blocks.read)
             raise TableNotFoundError(f"table {table} does not exist at ts {ts}")
 
     def wait_for(self, ts: int, table: str | None = None, timeout_s: float = 10.0) -> bool:
@@ -303,12 +318,13 @@ class CN(CNCore):
         commit_interval_s: float = 1.0,
         bootstrap: bool = True,
         metrics_port: int = 0,
+        cache_bytes: int = DEFAULT_MAX_BYTES,
     ) -> None:
         """With a `store` (and `bootstrap`), start from its newest checkpoint (Pull);
         without one, read every topic from its first record. `metrics_port`: serve this
         process's metrics (`infra.metrics`) on 127.0.0.1 at that port (0: the process
-        serves them itself, or not at all)."""
-        super().__init__(tables, store.get if store is not None else None)
+        serves them itself, or not at all). `cache_bytes`: see `BlockCache`."""
+        super().__init__(tables, store.get if store is not None else None, cache_bytes)
         self.cfg = cfg
         self.store = store
         self._bootstrap = bootstrap

@@ -25,13 +25,11 @@ at ts and sorted by primary key.
 
 from __future__ import annotations
 
-import io
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from consumers.core.exceptions import TableNotFoundError
 from schemas.arrow_ipc import arrow_schema, ipc_to_table
@@ -41,9 +39,9 @@ from schemas.wal import TableSchema
 
 @dataclass
 class BlockObject:
+    """A block in object storage; its rows are read through the CN's `BlockCache`."""
+
     meta: BlockMeta
-    rows: pa.Table | None = None  # loaded lazily
-    deletes: pa.Table | None = None
 
 
 @dataclass
@@ -115,7 +113,12 @@ class TableState:
     def alive_at(self, ts: int) -> bool:
         return self.create_ts <= ts and (self.drop_ts == 0 or ts < self.drop_ts)
 
-    def snapshot(self, ts: int, load: Callable[[str], bytes]) -> pa.Table:
+    def rows_in_memory(self) -> int:
+        """Rows this version holds in memory (inserts not yet dropped by a BlockMeta)."""
+        return sum(b.num_rows for b in self.inserts)
+
+    def snapshot(self, ts: int, read: Callable[[str], pa.Table]) -> pa.Table:
+        """`read`: an object's rows (`BlockCache.read`)."""
         if not self.alive_at(ts):
             raise TableNotFoundError(f"table {self.database}.{self.name} does not exist at ts {ts}")
         schema = self.schema_at(ts)
@@ -126,13 +129,10 @@ class TableState:
             meta = block.meta
             if not meta.alive_at(ts):
                 continue
-            if block.rows is None:
-                block.rows = pq.read_table(io.BytesIO(load(meta.meta_loc)))
-            parts.append(block.rows)
+            parts.append(read(meta.meta_loc))
             if meta.delta_loc:
-                if block.deletes is None:
-                    block.deletes = pq.read_table(io.BytesIO(load(meta.delta_loc)))
-                d = block.deletes.filter(pc.less_equal(block.deletes.column(COMMIT_TS), ts))
+                dels = read(meta.delta_loc)
+                d = dels.filter(pc.less_equal(dels.column(COMMIT_TS), ts))
                 for r, t in zip(d.column(ROW_ID).to_pylist(), d.column(COMMIT_TS).to_pylist(), strict=True):
                     deleted.setdefault(r, t)
         parts.extend(self.inserts)

@@ -83,6 +83,7 @@ from consumers.spark.decode import (
     wide_ddl,
     wide_name,
 )
+from consumers.spark.large_txn import new_large_blocks, write_large_blocks
 from consumers.spark.progress import (
     CHANGES,
     Progress,
@@ -92,6 +93,7 @@ from consumers.spark.progress import (
     write_progress,
 )
 from consumers.spark.reader import merge_snapshot, table_dir
+from infra.objectstore import ObjectStore
 from schemas.logtail import decode_logtail
 from schemas.wal import ColumnDef, TableSchema
 
@@ -128,8 +130,10 @@ class BatchWriter:
         compact_interval_s: float = 10.0,
         hints: dict[str, list[TableSchema]] | None = None,
         decoded: DecodePlan | None = None,
+        store: ObjectStore | None = None,
     ) -> None:
         self.output = str(output)
+        self.store = store  # large transactions' blocks (consumers.spark.large_txn)
         self.compact_interval_s = compact_interval_s
         self.catalog_topic = catalog_topic
         self.tables = tables  # db.table -> topic
@@ -250,7 +254,13 @@ class BatchWriter:
             tp.change_dirs.append([batch_id, rel, wide_name(tp.index, "")])
             if _has_raw(stats):
                 _hold(tp, batch_id, stats)  # no create_table or alter seen yet: decode later
+            large = new_large_blocks(tp, stats)
             changed += _absorb(tp, stats)
+            done = write_large_blocks(self.store, self.output, tp, batch_id, large)
+            if done is not None:
+                tp.change_dirs.append([batch_id, done[0], ""])
+                tp.change_rows += done[1]
+                changed += done[1]
         if tp.pending and _decodable(tp, catalog_watermark):
             paths = [
                 str(Path(self.output) / CHANGES / f"batch={b}" / f"{TABLE}={tp.index}")

@@ -50,6 +50,7 @@ from consumers.spark.decode import (
     change_schema,
     union_columns,
 )
+from consumers.spark.large_txn import with_commit_ts
 from consumers.spark.progress import Incarnation, Progress, TableProgress, write_progress
 from infra.objectstore import ObjectStore
 from schemas.logtail import COMMIT_TS
@@ -159,6 +160,8 @@ def write_table_rows(
                     f"cannot read object {key} of block {block.id} (checkpoint ts {t1}): "
                     f"{type(e).__name__}: {e}"
                 ) from e
+            if op == INSERT and meta.large_txn:
+                objects = with_commit_ts(objects, meta.create_ts)
             rows = change_rows(objects, op, t1, target)
             if rows.num_rows:
                 pq.write_table(rows, out / f"block-{block.id}-{op}.parquet")

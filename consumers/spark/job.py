@@ -79,6 +79,7 @@ from consumers.spark.progress import (
     TableProgress,
     apply_catalog,
     load_progress,
+    query_name,
 )
 from consumers.spark.reader import watermark
 from consumers.spark.resume import discard_output, lost_positions, resume_positions
@@ -208,12 +209,12 @@ def start_query(
         starts.update({t: {"0": o} for t, o in prog.start_offsets.items() if t in starts})
         options["startingOffsets"] = json.dumps(starts, sort_keys=True)
     hints = catalog_hints(bootstrap, catalog_topic, list(table_topics), options)
-    writer = BatchWriter(output, catalog_topic, table_topics, compact_interval_s, hints)
+    writer = BatchWriter(output, catalog_topic, table_topics, compact_interval_s, hints, store=store)
     plan = writer.source_plan()
     df = kafka_stream(spark, bootstrap, topics, decode=plan.to_json(), **options)
     writer.decoded = plan if TABLE in df.columns else None  # the built-in source does not decode
     w = df.writeStream.foreachBatch(writer).option("checkpointLocation", str(ckpt)).queryName(
-        f"kwal-cn-{abs(hash(str(output))) % 10**8}"
+        query_name(output)
     )
     if trigger in ("available-now", "availableNow", "once"):
         w = w.trigger(availableNow=True)
@@ -354,7 +355,11 @@ def run(args: Any, cfg: Any) -> int:
     spark = build_session(master=getattr(args, "master", None))
     topics = {t: cfg.topics.logtail(*t.split(".", 1)) for t in tables}
     kafka_opts = {f"kafka.{k}": v for k, v in cfg.kafka.items() if k != "bootstrap.servers"}
-    store = None if from_checkpoint == "never" else open_store(cfg.objectstore)
+    store = open_store(cfg.objectstore)  # checkpoints, and large transactions' blocks
+    from consumers.spark.status import attach_status
+
+    # its watermark lag for `kwal ops status` (the ops topic), after every micro-batch
+    attach_status(spark, cfg, output, Path(output).resolve().name)
     checkpoint = getattr(args, "checkpoint", None)
     timeout = float(getattr(args, "timeout", 0) or 0)
     deadline = time.monotonic() + timeout if timeout else None
@@ -399,7 +404,7 @@ def run(args: Any, cfg: Any) -> int:
         prog = load_progress(output)
         restarts = 0 if prog is not None and prog.batch_id >= 0 else restarts + 1
         lost = lost_records(cfg.bootstrap, output, checkpoint, topics, cfg.topics.catalog, kafka_opts)
-        if store is None or not lost or restarts > MAX_RESTARTS:
+        if from_checkpoint == "never" or not lost or restarts > MAX_RESTARTS:
             print(f"kwal cn spark: the query failed: {error}", file=sys.stderr)
             return 1
         # fell behind the truncation while running: start_query starts it again from the

@@ -292,3 +292,8 @@ def apply_catalog(progress: Progress, record: LogtailRecord) -> None:
 def _ts_range(value: Sequence[int]) -> tuple[int, int]:
     lo, hi = value
     return int(lo), int(hi)
+
+
+def query_name(output: str | Path) -> str:
+    """The name of the query writing to `output` (its progress events carry it)."""
+    return f"kwal-cn-{abs(hash(str(output))) % 10**8}"

@@ -29,12 +29,12 @@ from pathlib import Path
 
 import pytest
 from confluent_kafka.admin import ConfigResource, ConfigSource
-from infra.ops.walscan import read_to_end
 
 from consumers.core.cn import CN
 from infra.brokers.kafka_cluster import KafkaCluster
 from infra.config import KwalConfig
 from infra.objectstore import open_store
+from infra.topic_scan import read_to_end
 from infra.topics import ensure_topics
 from producers import Client
 from producers import TimeoutError as ClientTimeout

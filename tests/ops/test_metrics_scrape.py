@@ -28,7 +28,8 @@ from tn.service.process import TnProcess
 RETENTION_MS = 3_600_000
 # exported, and checked in tests/checkpoint/test_compaction_scheduled.py instead
 ELSEWHERE = {"kwal_compactions", "kwal_compacted_blocks"}
-# exported; moves only when the WAL fails (a fenced or failed log), which this test does not do
+# exported; moves only when the WAL fails (a fenced or failed log): checked in
+# tests/service/test_log_failures.py
 NOT_HERE = {"kwal_log_failures"}
 # moves only in secure mode, for a record without a principal (tests/security/test_secure_kafka.py)
 NOT_HERE |= {"kwal_security_dropped"}

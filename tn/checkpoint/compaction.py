@@ -28,6 +28,7 @@ updates one of them conflicts (retry) instead of deleting a row of the old block
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -35,7 +36,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from infra.objectstore import ObjectStore
-from schemas.logtail import COMMIT_TS, ROW_ID, BlockMeta, LogtailRecord
+from schemas.logtail import COMMIT_TS, LARGE_TXN_SUFFIX, ROW_ID, BlockMeta, LogtailRecord
 from schemas.wal import (
     CatalogKind,
     CatalogReason,
@@ -62,6 +63,8 @@ from tn.txn.rows import ARROW_TYPES
 
 Publish = Callable[[list[LogtailRecord]], None]
 
+MAX_OBJECT_ROWS = 16 * BLOCK_ROWS  # rows of one large transaction's object (bounds TN memory)
+
 
 def _publish(publish: Publish | None, t: TableNode, blocks: list[BlockNode]) -> None:
     """BlockMeta records of the new (and deleted) blocks on the table's logtail topic,
@@ -78,7 +81,8 @@ def _publish(publish: Publish | None, t: TableNode, blocks: list[BlockNode]) -> 
     publish(recs)
 
 
-def _table(engine: Any, database: str, table: str) -> tuple[TableNode, TableSchema]:
+def committed_table(engine: Any, database: str, table: str) -> tuple[TableNode, TableSchema]:
+    """The table and its schema in the committed catalog; ValidationError when unknown."""
     ts = engine.visible_ts
     db = engine.catalog.database(database, ts)
     t = engine.catalog.table(db, table, ts) if db is not None else None
@@ -273,7 +277,7 @@ def compact_block(
     """Sort one flushed, complete block by primary key into a new block; returns the
     compaction's commit ts. Raises ValidationError if the block cannot be compacted
     (not flushed/complete yet: checkpoint first) and ConflictError on a concurrent write."""
-    t, schema = _table(engine, database, table)
+    t, schema = committed_table(engine, database, table)
     blk = engine.catalog.nodes.get(block_id)
     if not isinstance(blk, BlockNode) or blk.segment.table is not t or not compactable(blk):
         raise ValidationError("bad_request", f"block {block_id} is not a flushed, complete block")
@@ -294,7 +298,7 @@ def merge_segment(
 ) -> int:
     """Merge the flushed, complete blocks of a segment into sorted blocks of a new
     segment; returns the merge's commit ts."""
-    t, schema = _table(engine, database, table)
+    t, schema = committed_table(engine, database, table)
     seg = engine.catalog.nodes.get(segment_id)
     if not isinstance(seg, SegmentNode) or seg.table is not t or seg.delete_ts != MAX_TS:
         raise ValidationError(
@@ -335,7 +339,7 @@ def merge_blocks(
     sorted blocks of a new segment; each segment left without a live block is deleted
     with them. Returns the merge's commit ts. Raises ValidationError when a block is
     not a compactable block of the table, ConflictError on a concurrent write."""
-    t, schema = _table(engine, database, table)
+    t, schema = committed_table(engine, database, table)
     blocks: list[BlockNode] = []
     for block_id in sorted(set(block_ids)):
         blk = engine.catalog.nodes.get(block_id)
@@ -360,29 +364,44 @@ def merge_blocks(
     )
 
 
-def attach_object(
-    engine: Any,
-    store: ObjectStore,
-    database: str,
-    table: str,
-    key: str,
-    publish: Publish | None = None,
-) -> int:
-    """Commit a large transaction: the rows of the Parquet object `key` (the table's
-    columns by name) are added to the table; only metadata goes through the WAL.
-    Returns the commit ts. Raises LargeTxnError (missing object, schema mismatch,
-    duplicate or null keys) or ConflictError (a key written concurrently)."""
-    t, schema = _table(engine, database, table)
+@dataclass
+class ObjectPlan:
+    """A large transaction's object, validated and laid out as block objects (written),
+    waiting for its commit (`add_objects`)."""
+
+    table: TableNode
+    segment: SegmentNode
+    blocks: list[tuple[BlockNode, str, list[Any]]]  # (block, its object key, its keys)
+    pk: int  # the primary key's column id
+
+    @property
+    def keys(self) -> list[Any]:
+        return [k for _, _, bkeys in self.blocks for k in bkeys]
+
+
+def prepare_object(
+    engine: Any, store: ObjectStore, t: TableNode, schema: TableSchema, key: str, start: int
+) -> ObjectPlan:
+    """Steps 1-3 of a large transaction's object (nothing is committed yet):
+    1. read the Parquet object `key` and check it against `schema` (columns by name,
+       types, nulls, keys unique within it and not live in the table at `start`);
+    2. sort it by primary key and cut it into blocks of at most BLOCK_ROWS rows;
+    3. write each block's object (`__row_id`, `__commit_ts` 0: the commit ts is the
+       block's create ts, unknown until the commit)."""
     if not store.exists(key):
         raise LargeTxnError("missing_object", f"object {key!r} does not exist")
     try:
         data = from_parquet(store.get(key))
     except Exception as e:
         raise LargeTxnError("bad_object", f"object {key!r} is not a Parquet file: {e}") from e
+    if data.num_rows > MAX_OBJECT_ROWS:
+        raise LargeTxnError(
+            "oversized", f"object {key!r} has {data.num_rows} rows; at most {MAX_OBJECT_ROWS}"
+        )
     names = [c.name for c in schema.columns]
     extra = set(data.column_names) - set(names)
     if extra:
-        raise LargeTxnError("schema_mismatch", f"columns not in {table}: {sorted(extra)}")
+        raise LargeTxnError("schema_mismatch", f"columns not in {t.name}: {sorted(extra)}")
     cols: dict[str, pa.ChunkedArray | pa.Array] = {}
     for c in schema.columns:
         typ = ARROW_TYPES[c.type]
@@ -402,76 +421,128 @@ def attach_object(
         if not c.nullable and col.null_count:
             raise LargeTxnError("schema_mismatch", f"column {c.name!r} has nulls")
         cols[c.name] = col
-    cols[COMMIT_TS] = pa.array(np.zeros(data.num_rows, dtype=np.int64))
-    rows = pa.table(cols)
+    del data
+    cols[COMMIT_TS] = pa.array(np.zeros(len(next(iter(cols.values()))), dtype=np.int64))
     pk_name = schema.primary_key
-    keys = rows.column(pk_name).to_pylist()
-    if pc.count_distinct(rows.column(pk_name)).as_py() != len(keys):
-        raise LargeTxnError("duplicate_key", "duplicate primary keys in the object")
-    start = engine.visible_ts
+    rows = pa.table(cols).sort_by([(pk_name, "ascending")])
+    del cols
+    if rows.column(pk_name).null_count:
+        raise LargeTxnError("schema_mismatch", f"primary key {pk_name!r} has nulls")
+    if pc.count_distinct(rows.column(pk_name)).as_py() != rows.num_rows:
+        raise LargeTxnError("duplicate_key", f"duplicate primary keys in object {key!r}")
     idx = t.mem.index
-    for k in keys:
-        hit = idx.get(k)
-        if hit is not None and hit[3] and hit[2] <= start:
-            raise LargeTxnError("duplicate_key", f"duplicate primary key {k!r}")
-    rows = rows.sort_by([(pk_name, "ascending")])
-    keys = rows.column(pk_name).to_pylist()
-    pk = schema.column(pk_name).column_id
     cat = engine.catalog
     seg = SegmentNode(cat.new_id(), t)
-    plans: list[tuple[BlockNode, str, list[Any]]] = []
-    if rows.num_rows > 16 * BLOCK_ROWS:
-        raise LargeTxnError("oversized", f"at most {16 * BLOCK_ROWS} rows per object")
+    plan = ObjectPlan(t, seg, [], schema.column(pk_name).column_id)
     for s0 in range(0, rows.num_rows, BLOCK_ROWS):
         chunk = rows.slice(s0, BLOCK_ROWS)
+        bkeys = chunk.column(pk_name).to_pylist()
+        for k in bkeys:
+            hit = idx.get(k)
+            if hit is not None and hit[3] and hit[2] <= start:
+                raise LargeTxnError("duplicate_key", f"duplicate primary key {k!r}")
         blk = BlockNode(cat.new_id(), seg, MemBlock())
-        loc = f"data/{t.id}/{blk.id}-{0:020d}.parquet"
+        loc = f"data/{t.id}/{blk.id}{LARGE_TXN_SUFFIX}"
         store.put(loc, to_parquet(_block_object(chunk, blk.id, t, start)))
-        plans.append((blk, loc, chunk.column(pk_name).to_pylist()))
+        plan.blocks.append((blk, loc, bkeys))
+    return plan
+
+
+def add_objects(engine: Any, txn: Any, plans: Sequence[ObjectPlan], start: int) -> None:
+    """Step 4: the plans become part of the open engine transaction `txn` (one system
+    op): at its commit, under the pipeline lock, the keys are checked for writes after
+    `start` (a conflict aborts the whole transaction), then the blocks are created at
+    the commit ts and logged as UpdateCatalog commands (reason LARGE_TXN) in the same
+    WAL entry as the transaction's other commands: all of it commits, or none."""
+    if not plans:
+        return
+    tables = {id(p.table): p.table for p in plans}
+    seen: set[tuple[int, Any]] = set()
+    for p in plans:
+        for k in p.keys:
+            if (p.table.id, k) in seen:
+                raise LargeTxnError(
+                    "duplicate_key", f"duplicate primary key {k!r} across the objects"
+                )
+            seen.add((p.table.id, k))
+    del seen
 
     def check() -> TnError | None:
-        if t.delete_ts != MAX_TS or t.ddl_ts > start:
-            return ConflictError("ddl_conflict", f"table {table} was dropped or altered")
-        for k in keys:
-            e = idx.get(k)
-            if e is not None and (e[2] > start or e[3]):
-                return ConflictError("write_conflict", f"key {k!r} was written concurrently")
+        for t in tables.values():
+            if t.delete_ts != MAX_TS or t.ddl_ts > start:
+                return ConflictError("ddl_conflict", f"table {t.name} was dropped or altered")
+        for p in plans:
+            idx = p.table.mem.index
+            for k in p.keys:
+                e = idx.get(k)
+                if e is not None and (e[2] > start or e[3]):
+                    return ConflictError("write_conflict", f"key {k!r} was written concurrently")
         return None
 
     def build(cts: int) -> list[Command]:
-        seg.create_ts = cts
-        t.mem.add_segment(seg)
-        cat.register(seg)
-        out: list[Command] = [
-            UpdateCatalog(
-                CatalogKind.SEGMENT,
-                Dest(t.db.id, t.id, seg.id),
-                EntryNode(cts),
-                CatalogReason.LARGE_TXN,
-            )
-        ]
-        for blk, loc, bkeys in plans:
-            _new_block_mem(blk, loc, bkeys, [cts] * len(bkeys), pk)
-            blk.meta_loc = loc
-            blk.create_ts = cts
-            t.mem.add_block(blk)
-            cat.register(blk)
-            for row, k in enumerate(bkeys):
-                idx[k] = [blk, row, cts, True]
-            out.append(
-                UpdateCatalog(
-                    CatalogKind.BLOCK,
-                    Dest(t.db.id, t.id, seg.id, blk.id),
-                    EntryNode(cts, meta_loc=loc),
-                    CatalogReason.LARGE_TXN,
-                )
-            )
+        out: list[Command] = []
+        for p in plans:
+            out.extend(_attach_blocks(engine.catalog, p, cts))
         return out
 
-    txn = engine.begin()
     txn.system_op(build, check)
+
+
+def _attach_blocks(cat: Any, p: ObjectPlan, cts: int) -> list[Command]:
+    """One plan's blocks created at `cts` (catalog, memtable, key index) and their
+    WAL commands."""
+    t, seg = p.table, p.segment
+    seg.create_ts = cts
+    t.mem.add_segment(seg)
+    cat.register(seg)
+    out: list[Command] = [
+        UpdateCatalog(
+            CatalogKind.SEGMENT,
+            Dest(t.db.id, t.id, seg.id),
+            EntryNode(cts),
+            CatalogReason.LARGE_TXN,
+        )
+    ]
+    idx = t.mem.index
+    for blk, loc, bkeys in p.blocks:
+        _new_block_mem(blk, loc, bkeys, [cts] * len(bkeys), p.pk)
+        blk.meta_loc = loc
+        blk.create_ts = cts
+        t.mem.add_block(blk)
+        cat.register(blk)
+        for row, k in enumerate(bkeys):
+            idx[k] = [blk, row, cts, True]
+        out.append(
+            UpdateCatalog(
+                CatalogKind.BLOCK,
+                Dest(t.db.id, t.id, seg.id, blk.id),
+                EntryNode(cts, meta_loc=loc),
+                CatalogReason.LARGE_TXN,
+            )
+        )
+    return out
+
+
+def attach_object(
+    engine: Any,
+    store: ObjectStore,
+    database: str,
+    table: str,
+    key: str,
+    publish: Publish | None = None,
+) -> int:
+    """Commit a large transaction of one object: the rows of the Parquet object `key`
+    (the table's columns by name) are added to the table; only metadata goes through
+    the WAL. Returns the commit ts. Raises LargeTxnError (missing object, schema
+    mismatch, duplicate or null keys) or ConflictError (a key written concurrently).
+    The service commits requests' objects with `prepare_object` + `add_objects`."""
+    t, schema = committed_table(engine, database, table)
+    start = engine.visible_ts
+    plan = prepare_object(engine, store, t, schema, key, start)
+    txn = engine.begin()
+    add_objects(engine, txn, [plan], start)
     result: int = txn.commit().result()
-    _publish(publish, t, [p[0] for p in plans])
+    _publish(publish, t, [b[0] for b in plan.blocks])
     return result
 
 
@@ -496,11 +567,16 @@ def apply_object_block(blk: BlockNode, cmd: UpdateCatalog, cts: int, store: Obje
 
 
 __all__ = [
+    "MAX_OBJECT_ROWS",
+    "ObjectPlan",
+    "add_objects",
     "aligned_columns",
+    "committed_table",
     "apply_object_block",
     "attach_object",
     "compact_block",
     "compactable",
     "merge_blocks",
     "merge_segment",
+    "prepare_object",
 ]

@@ -26,13 +26,22 @@ from schemas.arrow_ipc import ARROW_TYPES, ipc_to_table, table_to_ipc
 from schemas.logtail import (
     COMMIT_TS,
     ROW_ID,
+    BlockMeta,
     Catalog,
     CatalogOp,
     Changes,
     LogtailRecord,
     make_row_id,
 )
-from schemas.wal import Append, CatalogKind, Delete, TableSchema, UpdateCatalog, WalEntry
+from schemas.wal import (
+    Append,
+    CatalogKind,
+    CatalogReason,
+    Delete,
+    TableSchema,
+    UpdateCatalog,
+    WalEntry,
+)
 from tn.catalog.nodes import SYSTEM_DB
 
 
@@ -89,11 +98,16 @@ def collect(entry: WalEntry, view: CatalogView) -> tuple[list[LogtailRecord], li
             tc = tables[table_id] = _TableChanges(info, table_id)
         return tc
 
+    blocks: list[LogtailRecord] = []  # a large transaction's blocks (rows in objects)
     for cmd in entry.commands:
         if isinstance(cmd, UpdateCatalog):
             if cmd.kind is CatalogKind.DATABASE or cmd.kind is CatalogKind.TABLE:
                 if view.database_name(cmd.dest.db_id) != SYSTEM_DB:
                     catalog.extend(_catalog_records(cmd, cts, lsn, view))
+            elif cmd.kind is CatalogKind.BLOCK and cmd.reason is CatalogReason.LARGE_TXN:
+                tc = changes_of(cmd.dest.table_id)
+                if tc is not None:
+                    blocks.append(_large_block_record(cmd, tc, cts, lsn))
         elif isinstance(cmd, Append):
             if all(changes_of(i.dest.table_id) is None for i in cmd.infos):
                 continue
@@ -117,8 +131,18 @@ def collect(entry: WalEntry, view: CatalogView) -> tuple[list[LogtailRecord], li
                 continue
             tc.delete_ids.extend(make_row_id(cmd.dest.block_id, r) for r in cmd.rows)
             tc.delete_keys.extend(view.primary_keys(cmd.dest.block_id, cmd.rows, tc.info))
-    records = [_changes_record(tc, cts, lsn) for tc in tables.values()]
-    return catalog, records
+    records = [_changes_record(tc, cts, lsn) for tc in tables.values() if tc.inserts or tc.delete_ids]
+    return catalog, records + blocks
+
+
+def _large_block_record(
+    cmd: UpdateCatalog, tc: _TableChanges, cts: int, lsn: int
+) -> LogtailRecord:
+    """A block a large transaction committed with its rows in object storage: a BlockMeta
+    created at the commit ts, in the transaction's place in the log (FORMAT.md 5, 7.7).
+    Its rows never travel as `Changes`; a CN reads them from `meta_loc`."""
+    meta = BlockMeta(cmd.dest.block_id, cmd.node.meta_loc, cts + 1, "", cts, 0)
+    return LogtailRecord(tc.info.database, tc.info.table, cts, meta, tc.table_id, lsn)
 
 
 def _changes_record(tc: _TableChanges, cts: int, lsn: int) -> LogtailRecord:

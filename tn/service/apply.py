@@ -14,8 +14,11 @@ from typing import Any
 
 import pyarrow as pa
 
+from infra.objectstore import ObjectStore
 from schemas.requests import Kind, OpKind, Reason, TxnOp, TxnRequest, TxnResult
 from schemas.wal import TableSchema
+from tn.checkpoint.compaction import add_objects, committed_table, prepare_object
+from tn.checkpoint.exceptions import LargeTxnError
 from tn.exceptions import ConflictError, EngineClosedError, TnError
 from tn.exceptions import ValidationError as EngineValidationError
 
@@ -106,11 +109,25 @@ def conform_rows(engine: Any, op: TxnOp) -> tuple[pa.Table, TableSchema | None]:
         raise RequestInvalid(Reason.TYPE_MISMATCH, f"rows for {op.database}.{op.table}: {e}") from e
 
 
-def apply_ops(engine: Any, txn: Any, req: TxnRequest) -> None:
-    """Apply every op of `req` to the open engine transaction `txn`."""
+def apply_ops(engine: Any, txn: Any, req: TxnRequest, store: ObjectStore | None = None) -> None:
+    """Apply every op of `req` to the open engine transaction `txn`. INSERTs whose rows
+    are in object storage (a large transaction) need `store`; see `_attach`."""
     if not req.ops:
         raise RequestInvalid(Reason.INVALID_REQUEST, "request has no operations")
+    large = {(op.database, op.table) for op in req.ops if op.objects}
+    if large:
+        _attach(engine, txn, req, large, store)
     for op in req.ops:
+        if op.objects:
+            continue
+        if op.kind in (OpKind.INSERT, OpKind.UPDATE, OpKind.DELETE) and (
+            (op.database, op.table) in large
+        ):
+            raise RequestInvalid(
+                Reason.INVALID_REQUEST,
+                f"{op.kind.value} on {op.database}.{op.table}, which the same transaction "
+                "inserts into from objects (a large transaction's table takes only those)",
+            )
         k = op.kind
         needs_table = k not in (OpKind.CREATE_DATABASE, OpKind.DROP_DATABASE)
         if not op.database or (needs_table and not op.table):
@@ -152,6 +169,43 @@ def apply_ops(engine: Any, txn: Any, req: TxnRequest) -> None:
             txn.delete(op.database, op.table, list(op.keys))
         else:  # pragma: no cover - the enum is closed
             raise RequestInvalid(Reason.INVALID_REQUEST, f"unknown op {k}")
+
+
+def _attach(
+    engine: Any,
+    txn: Any,
+    req: TxnRequest,
+    tables: set[tuple[str, str]],
+    store: ObjectStore | None,
+) -> None:
+    """A large transaction's objects (docs/large-transactions.md): each is validated
+    against its table's committed schema and laid out as block objects now; the blocks
+    join `txn` as one system op, so they commit with the request's other ops, in the same
+    WAL entry (object references only), or not at all."""
+    if store is None:
+        raise RequestInvalid(
+            Reason.INVALID_REQUEST, "this TN has no object store for a large transaction"
+        )
+    start = txn.start_ts
+    plans = []
+    try:
+        for op in req.ops:
+            if not op.objects:
+                continue
+            if op.kind is not OpKind.INSERT or op.rows is not None:
+                raise RequestInvalid(
+                    Reason.INVALID_REQUEST,
+                    f"{op.kind.value} on {op.database}.{op.table}: only an INSERT without "
+                    "inline rows may name objects",
+                )
+            if not op.database or not op.table:
+                raise RequestInvalid(Reason.INVALID_REQUEST, "INSERT needs a database and table name")
+            t, schema = committed_table(engine, op.database, op.table)
+            for key in op.objects:
+                plans.append(prepare_object(engine, store, t, schema, key, start))
+        add_objects(engine, txn, plans, start)
+    except LargeTxnError as e:
+        raise RequestInvalid(e.code, e.message) from e
 
 
 def result_for_error(request_id: str, e: BaseException, **kw: Any) -> TxnResult:

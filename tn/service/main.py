@@ -189,7 +189,7 @@ def _serve(cfg: KwalConfig, stop: threading.Event) -> int | BaseException:
         parts.callback(ops.stop)
         sampler = MetricsSampler(log, checkpoints, logtail.publisher, cfg.tn.metrics_interval_s)
         parts.callback(sampler.start().stop)
-        service = TnService(cfg, engine)
+        service = TnService(cfg, engine, store=recovered.store)
         gateway = None
         if cfg.security.enabled:  # per-principal topics in and out (docs/security.md)
             from tn.service.gateway import PrincipalGateway

@@ -122,6 +122,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, To
 from infra.config import KwalConfig
 from infra.kafka_io import FETCH_WAIT_MS, poll_batch
 from infra.metrics import METRICS
+from infra.objectstore import ObjectStore
 from infra.principals import PRINCIPAL_HEADER, scoped_id
 from infra.queues import drain
 from schemas.exceptions import CodecError, UnsupportedFormatError
@@ -189,9 +190,11 @@ class TnService:
         recent_results: int | None = None,
         dedup_window: int | None = None,
         group_max: int = 64,
+        store: ObjectStore | None = None,
     ) -> None:
         self.cfg = cfg
         self.engine = engine
+        self.store = store  # large transactions' objects (None: such requests abort)
         self.acl = WriteAcl(cfg.tn.write_acl)
         # secure mode: each request's principal comes from the gateway's header (see
         # "Principals"); request offset -> principal until the request is resolved
@@ -610,7 +613,7 @@ class TnService:
             self._fail(req, offset, None, e)
             return
         try:
-            apply_ops(self.engine, txn, req)
+            apply_ops(self.engine, txn, req, self.store)
             if self.exactly_once:
                 txn.insert(SYSTEM_DB, REQUESTS_TABLE, [{"request_id": rid, "req_offset": offset}])
             fut = txn.commit()
@@ -640,7 +643,7 @@ class TnService:
         inserts: list[tuple[str, str, pa.Table]] = []
         keys: set[tuple[str, str, Any]] = set()
         for op in req.ops:
-            if op.kind is not OpKind.INSERT:
+            if op.kind is not OpKind.INSERT or op.objects:
                 return None
             rows, schema = conform_rows(self.engine, op)  # RequestInvalid -> aborted by caller
             if schema is None:

@@ -1,0 +1,119 @@
+"""Large transactions on the client side (docs/large-transactions.md): rows through the
+object store, references over Kafka.
+
+A request travels as one Kafka record, which cannot hold a large transaction. So, in
+`Transaction.commit_async`, before anything is sent:
+
+1. `check_size`: the transaction's rows (Arrow bytes of every INSERT/UPDATE batch and
+   DELETE key list) above `client.max_txn_bytes` -> ValidationError naming the limit;
+   nothing is written anywhere.
+2. `spill`, when they are above `client.spill_bytes`: every INSERT's rows are written
+   to the object store as Parquet objects of at most `client.object_rows` rows each
+   (one object encoded at a time: the caller's table plus one object's bytes are in
+   memory, never a second copy of the whole transaction), and the INSERT op then names
+   those objects instead of carrying rows.
+3. the request (`txn_request_v2`, keys only) goes to the TN, which validates each object
+   against the table, lays its rows out as block objects and commits them with the
+   transaction's other ops in one WAL entry (object references only).
+4. `discard`: once the TN has answered (committed or aborted), the uploads are deleted:
+   the TN no longer needs them (a commit references the block objects it wrote; a repeat
+   of the request id is answered from the TN's memory of ids, not by running it again).
+   After a timeout they stay, so that a retry with the same request id can still run.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Sequence
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from infra.config import ClientConfig
+from infra.objectstore import ObjectStore
+from producers.exceptions import ValidationError
+from schemas.requests import OpKind, TxnOp
+
+
+def rows_bytes(ops: Sequence[TxnOp]) -> int:
+    """The Arrow bytes of a transaction's rows and delete keys (what counts for the limits)."""
+    total = 0
+    for op in ops:
+        if op.rows is not None:
+            total += op.rows.nbytes
+        if op.keys is not None:
+            total += 8 * len(op.keys)
+    return total
+
+
+def check_size(ops: Sequence[TxnOp], cfg: ClientConfig, request_id: str) -> int:
+    """Step 1: the transaction's row bytes, or ValidationError above `client.max_txn_bytes`."""
+    size = rows_bytes(ops)
+    if size > cfg.max_txn_bytes:
+        raise ValidationError(
+            f"transaction {request_id} holds {size} bytes of rows, above "
+            f"client.max_txn_bytes={cfg.max_txn_bytes}: split it into smaller transactions",
+            code="oversized",
+            request_id=request_id,
+        )
+    return size
+
+
+def needs_spill(size: int, cfg: ClientConfig) -> bool:
+    return size > cfg.spill_bytes
+
+
+def spill(
+    ops: Sequence[TxnOp],
+    store: ObjectStore,
+    cfg: ClientConfig,
+    client_id: str,
+    request_id: str,
+) -> tuple[list[TxnOp], list[str]]:
+    """Step 2: the ops with every INSERT's rows moved to objects, and the objects' keys.
+    A transaction that also updates or deletes in a table it inserts into this way is
+    refused (ValidationError): the TN takes a spilled table's rows from objects only."""
+    spilled = {(op.database, op.table) for op in ops if op.kind is OpKind.INSERT}
+    for op in ops:
+        if op.kind in (OpKind.UPDATE, OpKind.DELETE) and (op.database, op.table) in spilled:
+            raise ValidationError(
+                f"transaction {request_id} is large (its rows go through the object store) "
+                f"and both inserts into and {op.kind.value.lower()}s {op.database}.{op.table}: "
+                "commit the change in a transaction of its own",
+                code="bad_request",
+                request_id=request_id,
+            )
+    step = max(1, cfg.object_rows)
+    out: list[TxnOp] = []
+    keys: list[str] = []
+    try:
+        for i, op in enumerate(ops):
+            if op.kind is not OpKind.INSERT or op.rows is None:
+                out.append(op)
+                continue
+            mine = []
+            for n, first in enumerate(range(0, max(op.rows.num_rows, 1), step)):
+                key = f"{cfg.spill_prefix}/{client_id}/{request_id}/{i}-{n}.parquet"
+                store.put(key, _parquet(op.rows.slice(first, step)))
+                keys.append(key)
+                mine.append(key)
+            out.append(TxnOp(OpKind.INSERT, op.database, op.table, objects=tuple(mine)))
+    except Exception:
+        discard(store, keys)
+        raise
+    return out, keys
+
+
+def _parquet(rows: pa.Table) -> bytes:
+    buf = io.BytesIO()
+    pq.write_table(rows, buf, compression="lz4")
+    return buf.getvalue()
+
+
+def discard(store: ObjectStore, keys: Sequence[str]) -> None:
+    """Step 4: delete the uploads (best effort: a leftover is garbage, never state)."""
+    for key in keys:
+        try:
+            store.delete(key)
+        except Exception:  # noqa: BLE001 - the store may be away; nothing depends on it
+            pass
