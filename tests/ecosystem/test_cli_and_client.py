@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from infra import cli
+from ops import cli
 from infra.config import KwalConfig
 from infra.stack import STATE_FILE, StackState, apply_stack
 from infra.topics import ensure_topics

@@ -12,7 +12,7 @@ from confluent_kafka import Consumer, TopicPartition
 
 from consumers.core.cn import CN
 from consumers.core.exceptions import BelowHorizonError
-from infra import doctor
+from infra import capabilities
 from infra.config import KwalConfig
 from tests.logtail.conftest import Tn, checkpoint_then_compact, random_steps
 from tn.checkpoint.manifest import newest_manifest
@@ -45,7 +45,7 @@ def test_late_cn_bootstraps_after_checkpoints_and_truncation(tn: Tn, kwal_config
         offsets = [m.logtail_offsets.get(topic, 0) for m in (first, second, third)]
         assert offsets == sorted(offsets) and offsets[-1] > 0, (topic, offsets)
     # truncated behind the previous checkpoint: physically where the broker can, else logically
-    features = doctor.probe_one(kwal_config, "delete_records")
+    features = capabilities.probe_one(kwal_config, "delete_records")
     if features.works:
         assert tn.truncator.deleted_before == second.logtail_offsets
         # (0 where the second checkpoint found none of db.a's records acknowledged yet)
@@ -93,7 +93,7 @@ def test_cn_whose_position_was_truncated_away_bootstraps_again(tn: Tn, kwal_conf
     """A CN that reads from offset 0 after the logtail was physically truncated meets the
     gap, bootstraps from the newest checkpoint (its watermark moving forward, never
     back) and agrees with the TN. Needs a broker with DeleteRecords."""
-    probe = doctor.probe_one(kwal_config, "delete_records")
+    probe = capabilities.probe_one(kwal_config, "delete_records")
     if not probe.works:
         pytest.skip(f"the broker lacks DeleteRecords (kwal doctor: {probe.detail})")
     rng = random.Random(5)

@@ -293,9 +293,9 @@ def test_truncate_to_the_last_checkpoint(
 def test_truncate_deletes_prefixes_where_the_broker_can(
     cfg: KwalConfig, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from infra import doctor
+    from infra import capabilities
 
-    works = doctor.probe(cfg).delete_records
+    works = capabilities.probe(cfg).delete_records
     if not works.works:
         pytest.skip(f"the broker lacks DeleteRecords (kwal doctor: {works.detail})")
     write_entries(cfg, 10)
@@ -349,7 +349,7 @@ def test_unreachable_kafka_is_one_line(capsys: pytest.CaptureFixture[str]) -> No
 def test_the_kwal_ops_command_line(
     cfg: KwalConfig, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from infra import cli
+    from ops import cli
 
     monkeypatch.setenv("KWAL_TOPICS_PREFIX", cfg.topics.prefix)
     monkeypatch.setenv("KWAL_OBJECTSTORE_URL", cfg.objectstore.url)

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from consumers.spark import job
-from infra import cli
+from ops import cli
 
 ARGV = [
     "--tables", "db.a,db.b", "--output", "/tmp/out", "--trigger", "available-now",

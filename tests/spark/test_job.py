@@ -339,7 +339,7 @@ def test_a_fresh_job_refuses_a_truncated_logtail_topic(
 
     from consumers.core.exceptions import TruncatedLogtailError
     from consumers.spark.kafka_io import EndFinder
-    from infra import doctor
+    from infra import capabilities
 
     cfg = kwal_config
     _create_topics(cfg)
@@ -350,7 +350,7 @@ def test_a_fresh_job_refuses_a_truncated_logtail_topic(
     produce(cfg.bootstrap, wl.records)
     topic = _topics(cfg)[A]
     if truncated_by == "DeleteRecords":
-        probe = doctor.probe_one(kwal_config, "delete_records")
+        probe = capabilities.probe_one(kwal_config, "delete_records")
         if not probe.works:
             pytest.skip(f"the broker lacks DeleteRecords (kwal doctor: {probe.detail})")
         admin = AdminClient({"bootstrap.servers": cfg.bootstrap})
