@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from ops import cli
 from infra.config import KwalConfig
 from infra.stack import STATE_FILE, StackState, apply_stack
 from infra.topics import ensure_topics
+from ops import cli
 from producers import Client
 from tn.engine import Engine
 from tn.logstore.driver import LogStore
