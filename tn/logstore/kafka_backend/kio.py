@@ -33,6 +33,7 @@ from confluent_kafka import (
     TopicPartition,
 )
 
+from infra.kafka_txn import TxnChannel
 from tn.logstore.kafka_backend.exceptions import AppendTimeoutError, ReplayTimeoutError
 
 log = logging.getLogger(__name__)
@@ -43,7 +44,7 @@ FETCH_WAIT_MS = 75  # the embedded broker's sweet spot is 50-100 ms
 class Pump:
     """Polls the producer on one daemon thread; runs `tick()` hooks between polls."""
 
-    def __init__(self, producer: Producer, name: str = "kwal-wal-pump") -> None:
+    def __init__(self, producer: Producer | TxnChannel, name: str = "kwal-wal-pump") -> None:
         self._producer = producer
         self._stop = threading.Event()
         self._running = threading.Event()
@@ -129,7 +130,7 @@ class Pump:
 
 
 def produce_wait(
-    producer: Producer,
+    producer: Producer | TxnChannel,
     topic: str,
     value: bytes | None,
     timeout_s: float,
@@ -184,6 +185,8 @@ def reader_conf(base: Mapping[str, Any]) -> dict[str, Any]:
             "fetch.wait.max.ms": FETCH_WAIT_MS,
             "auto.offset.reset": "earliest",
             "enable.partition.eof": False,
+            # a replaced TN's records after its fence are aborted: never read them
+            "isolation.level": "read_committed",
         }
     )
     return conf

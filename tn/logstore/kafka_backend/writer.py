@@ -45,6 +45,7 @@ from dataclasses import dataclass
 
 from confluent_kafka import KafkaError, Message, Producer
 
+from infra.kafka_txn import TxnChannel
 from tn.logstore.ack_future import AckFuture, set_results
 from tn.logstore.driver import LogClosedError
 from tn.logstore.kafka_backend.exceptions import (
@@ -79,7 +80,7 @@ class GroupWriter:
 
     def __init__(
         self,
-        producer: Producer,
+        producer: Producer | TxnChannel,
         topic: str,
         partitions: Sequence[int],
         epoch: int,
