@@ -124,6 +124,7 @@ class TxnBus:
         self._producer = Producer(conf)
         # 1. the fence
         self._producer.init_transactions(timeout_s)
+        log.info("transactional.id %s initialised: every older instance is fenced", transactional_id)
         self._cond = threading.Condition()
         self._queue: list[_Record] = []
         self._failed: KafkaError | None = None

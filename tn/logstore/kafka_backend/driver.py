@@ -213,6 +213,12 @@ class KafkaDriver(LogDriver):
             self._producer, self._reader_base, cfg.topics.wal_meta, self._open_timeout
         )
         self.epoch, state, claim_offset = self._meta.claim_epoch(self.writer_id)
+        log.info(
+            "WAL %s: epoch %d claimed by writer %s; reading the log to its end",
+            self.topic,
+            self.epoch,
+            self.writer_id,
+        )
         self._truncated = state.truncated
         # 4. markers: fence + end of log
         ends: dict[int, int] = {}
