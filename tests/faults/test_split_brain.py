@@ -13,6 +13,9 @@ throughout. At the end, with every request answered:
   at that ts; nothing else is visible (no aborted, no unacknowledged request);
 - no request has two different outcomes on the results topic (read_committed);
 - the CN equals the durable state at its watermark.
+
+A round that resumes A during B's takeover holds B in its recovery (`_Hold`) until A,
+resumed, has met the fence and exited.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, Producer, TopicPartition
 
 from consumers.core.cn import CN
 from infra.config import KwalConfig
@@ -108,39 +111,71 @@ def _log_of(tn: TnProcess) -> Path:
     return tn.workdir / f"tn-{tn.starts}.log"
 
 
+class _Hold:
+    """Holds a starting TN inside its recovery, between its epoch claim and its readiness:
+    an open Kafka transaction on the results topic pins the topic's last stable offset, so
+    the TN's results scan (read_committed, step "On start" of `TnService`) cannot reach
+    the end until the transaction is aborted. Real Kafka, no hook in the TN."""
+
+    def __init__(self, cfg: KwalConfig) -> None:
+        self._p = Producer(
+            cfg.kafka_client(**{"transactional.id": f"{cfg.topics.prefix}.hold", "acks": "all"})
+        )
+        self._p.init_transactions(30)
+        self._p.begin_transaction()
+        self._p.produce(cfg.topics.results, b"hold")
+        assert self._p.flush(30) == 0
+
+    def release(self) -> None:
+        self._p.abort_transaction(30)
+
+
 def _round(cfg: KwalConfig, a: TnProcess, workdir: Path, r: int, out: Outcomes) -> TnProcess:
     """One round: freeze A under load, B takes over, A resumed during or after it."""
     during = r % 2 == 0
+    t0 = time.monotonic()
     before = _acks(out)
     wait_until(f"round {r}: commits under way on A", lambda: _acks(out) >= before + 50, 60)
     assert a.proc is not None
-    os.kill(a.proc.pid, signal.SIGSTOP)
+    proc = a.proc
+    os.kill(proc.pid, signal.SIGSTOP)
+    t1 = time.monotonic()
     workdir.mkdir()
+    hold = _Hold(cfg) if during else None
     b = TnProcess(cfg, workdir)
     starting, errors = _start_async(b)
     try:
-        if during:
+        if hold is not None:
             # resume A between B's epoch claim (after its fence) and B's readiness
             wait_until(
                 f"round {r}: B claims its epoch",
                 lambda: b.proc is not None and CLAIMED in _log_of(b).read_bytes(),
                 120,
             )
+            os.kill(proc.pid, signal.SIGCONT)
+            wait_until(f"round {r}: the resumed TN exits", lambda: proc.poll() is not None, 60)
             assert b"kwal-tn ready" not in _log_of(b).read_bytes(), f"round {r}: B was ready"
-            os.kill(a.proc.pid, signal.SIGCONT)
+            hold.release()
         starting.join(150)
         assert not starting.is_alive() and not errors, f"round {r}: B did not start: {errors}"
-        if not during:
-            os.kill(a.proc.pid, signal.SIGCONT)
+        t2 = time.monotonic()
+        if hold is None:
+            os.kill(proc.pid, signal.SIGCONT)
         # the resumed A is fenced (at its next commit, or by the meta topic) and exits
-        proc = a.proc
         wait_until(f"round {r}: the resumed TN exits", lambda: proc.poll() is not None, 60)
         log = _log_of(a).read_text(errors="replace")
         assert proc.returncode == FENCED_EXIT, f"round {r}: A exited {proc.returncode}:\n{log[-3000:]}"
         assert "fenced" in log
         a.proc = None
+        t3 = time.monotonic()
+        print(
+            f"round {r} ({'during' if during else 'after'}): load {t1 - t0:.1f}s, "
+            f"B ready {t2 - t1:.1f}s, A exits {t3 - t2:.1f}s"
+        )
         return b
     except BaseException:
+        if hold is not None:
+            hold.release()
         starting.join(150)
         b.kill()
         raise
