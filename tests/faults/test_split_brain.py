@@ -152,9 +152,9 @@ def _round(cfg: KwalConfig, a: TnProcess, workdir: Path, r: int, out: Outcomes) 
                 lambda: b.proc is not None and CLAIMED in _log_of(b).read_bytes(),
                 120,
             )
+            assert b"kwal-tn ready" not in _log_of(b).read_bytes(), f"round {r}: B was ready"
             os.kill(proc.pid, signal.SIGCONT)
             wait_until(f"round {r}: the resumed TN exits", lambda: proc.poll() is not None, 60)
-            assert b"kwal-tn ready" not in _log_of(b).read_bytes(), f"round {r}: B was ready"
             hold.release()
         starting.join(150)
         assert not starting.is_alive() and not errors, f"round {r}: B did not start: {errors}"
