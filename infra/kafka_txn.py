@@ -20,7 +20,11 @@ How it runs, numbered as the bus thread does it:
    produces the batch, flushes it and commits the transaction. While a commit
    is under way, new records queue up and make the next batch: the per-
    transaction cost (AddPartitions, EndTxn, the markers) is amortised over
-   a batch that grows with the load (group commit, one level up);
+   a batch that grows with the load (group commit, one level up). A *source*
+   (the WAL writer) does not queue records itself: it `kick`s the bus when it
+   has something, and the bus, right before it takes a batch, asks every source
+   to produce what it holds, so each transaction carries ONE WAL record with
+   every entry appended since the previous one;
 4. only once `commit_transaction` returned are the records' delivery callbacks
    handed to their channel, which runs them at its next `poll`/`flush`: a
    component never learns "delivered" for a record that is not committed;
@@ -130,6 +134,8 @@ class TxnBus:
         self._failed: KafkaError | None = None
         self._on_failed: list[Callable[[KafkaError], None]] = []
         self._closing = False
+        self._kicked = False
+        self._sources: list[Callable[[], None]] = []
         self.transactions = 0  # committed transactions (metrics, benchmarks)
         self.records = 0  # records committed
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
@@ -153,6 +159,17 @@ class TxnBus:
         if failed is not None:
             fn(failed)
 
+    def add_source(self, fn: Callable[[], None]) -> None:
+        """fn() runs on the bus thread right before each batch is taken (step 3): it
+        produces what it holds through a channel."""
+        self._sources.append(fn)
+
+    def kick(self) -> None:
+        """A source has something: start a transaction when none is running."""
+        with self._cond:
+            self._kicked = True
+            self._cond.notify_all()
+
     def _enqueue(self, rec: _Record) -> None:
         with self._cond:
             failed = self._failed if self._failed is not None else None
@@ -175,10 +192,17 @@ class TxnBus:
 
     def _take(self) -> list[_Record] | None:
         with self._cond:
-            while not self._queue and not self._closing:
+            while not self._queue and not self._kicked and not self._closing:
                 self._cond.wait(0.5)
+            self._kicked = False
+        for fn in self._sources:
+            try:
+                fn()
+            except Exception:  # noqa: BLE001 - a source's bug must not stop the bus
+                log.exception("%s: a source failed", self.transactional_id)
+        with self._cond:
             if not self._queue:
-                return None
+                return None if self._closing else []
             batch, self._queue = self._queue, []
             return batch
 
@@ -187,6 +211,8 @@ class TxnBus:
             batch = self._take()
             if batch is None:
                 return
+            if not batch:
+                continue
             if self._failed is not None:
                 self._fail_records(batch, self._failed)
                 continue

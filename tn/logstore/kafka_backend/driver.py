@@ -283,8 +283,11 @@ class KafkaDriver(LogDriver):
                 group_max_bytes=cfg.wal.group_max_bytes,
                 max_in_flight=max_in_flight,
                 append_timeout_s=cfg.wal.append_timeout_s,
+                kick=self.bus.kick if self.bus is not None else None,
             ),
         )
+        if self.bus is not None:
+            self.bus.add_source(self._writer.issue_open_group)
         self._pump.add_tick(self._writer.tick)
         self._pump.add_on_fatal(self._on_producer_fatal)
         if self.bus is not None:
