@@ -111,6 +111,36 @@ def deletes_records(cfg: KwalConfig, what: str) -> bool:
         return False
 
 
+FENCES = ("auto", "transactions", "epoch")
+
+
+def fences_at_broker(cfg: KwalConfig) -> bool:
+    """Whether the TN fences a replaced TN at the broker (transactions, read_committed;
+    docs/fencing.md): `wal.fence` says so, or, on auto, the read_committed probe works
+    (a broker whose read_committed shows aborted records cannot hide a zombie's writes)."""
+    mode = cfg.wal.fence
+    if mode not in FENCES:
+        raise ValueError(f"wal.fence must be one of {', '.join(FENCES)}, got {mode!r}")
+    if mode != "auto":
+        return mode == "transactions"
+    try:
+        return probe_one(cfg, "read_committed").works
+    except Exception as e:  # noqa: BLE001 - a failing probe: the broker cannot be trusted with it
+        log.warning("kwal doctor probe failed (%s); no split-brain fencing at the broker", e)
+        return False
+
+
+def split_brain_safety(features: BrokerFeatures) -> str:
+    """The line `kwal doctor` prints about split-brain safety."""
+    if features.read_committed.works:
+        return "available: a replaced TN is fenced at the broker (transactions, read_committed)"
+    return (
+        "UNAVAILABLE on this broker: read_committed does not hide aborted records "
+        f"({features.read_committed.status}), so a TN paused while another takes its WAL "
+        "over can acknowledge commits that are then lost (docs/fencing.md)"
+    )
+
+
 # feature name -> the _Prober method that tries it
 _PROBES = {
     "idempotent_producer": "idempotent",
@@ -204,11 +234,17 @@ class _Prober:
         if left or errors:
             raise RuntimeError(f"produce failed: {errors[:1] or f'{left} undelivered'}")
 
-    def _read_all(self, consumer: Consumer, topic: str, expect: int) -> list[bytes]:
+    def _read_all(
+        self, consumer: Consumer, topic: str, expect: int, until: bytes | None = None
+    ) -> list[bytes]:
+        """Up to `expect` records from offset 0; stops early once `until` was read (the
+        last record produced: nothing can follow it)."""
         consumer.assign([TopicPartition(topic, 0, 0)])
         got: list[bytes] = []
         deadline = time.monotonic() + self.timeout_s / 2
         while len(got) < expect and time.monotonic() < deadline:
+            if until is not None and until in got:
+                break
             for m in consumer.consume(expect - len(got), 0.2):
                 if m.error() is None:
                     got.append(m.value() or b"")
@@ -273,7 +309,7 @@ class _Prober:
         p.commit_transaction(self.timeout_s)
         c = self._consumer(**{"isolation.level": "read_committed"})
         try:
-            got = self._read_all(c, topic, 2)
+            got = self._read_all(c, topic, 2, until=b"committed")
         finally:
             c.close()
         if b"aborted" in got:

@@ -111,6 +111,11 @@ class WalConfig:
     group_max_bytes: int = 1 << 20
     window: int = 4096  # max LSN distance newest-issued ahead of oldest-unacknowledged
     append_timeout_s: float = 30.0
+    # split-brain fencing (docs/fencing.md): transactions (a transactional.id bound to the
+    # WAL: the broker fences a replaced TN; needs read_committed that hides aborted
+    # records) | epoch (the WAL's own epoch rule only: no split-brain safety) | auto (
+    # transactions where `kwal doctor`'s read_committed probe works, else epoch)
+    fence: str = "auto"
     # the retention floor (tn/logstore/kafka_backend/retention_floor.py): how often the TN
     # checks the WAL topic's retention against its un-checkpointed entries (0: never), and
     # the headroom it keeps above their age / size (must exceed what one check interval,

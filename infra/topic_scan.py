@@ -82,6 +82,8 @@ def read_to_end(
             "fetch.wait.max.ms": 75,
             "auto.offset.reset": "earliest",
             "enable.partition.eof": False,
+            # a fenced TN's records are aborted: never counted (docs/fencing.md)
+            "isolation.level": "read_committed",
         }
     )
     consumer = Consumer(conf)
@@ -125,6 +127,22 @@ def read_to_end(
                 if pe.end >= pe.high_reported:
                     waiting.discard(p)
                 on_msg(msg)
+            _past_control_records(consumer, topic, ends, waiting)
         return ends
     finally:
         consumer.close()
+
+
+def _past_control_records(
+    consumer: Consumer, topic: str, ends: dict[int, PartitionEnd], waiting: set[int]
+) -> None:
+    """Transaction markers and aborted records occupy offsets no message shows: the
+    consumer's position moves past them, so it is the end read so far."""
+    if not waiting:
+        return
+    for tp in consumer.position([TopicPartition(topic, p) for p in sorted(waiting)]):
+        pe = ends.get(tp.partition)
+        if pe is not None and tp.offset is not None and tp.offset > pe.end:
+            pe.end = tp.offset
+            if pe.end >= pe.high_reported:
+                waiting.discard(tp.partition)

@@ -7,7 +7,7 @@ import sys
 from dataclasses import asdict
 from typing import Any
 
-from infra.capabilities import BrokerUnreachableError, probe
+from infra.capabilities import BrokerUnreachableError, probe, split_brain_safety
 from infra.config import KwalConfig
 
 
@@ -24,4 +24,5 @@ def run(args: Any, cfg: KwalConfig) -> int:
     print(f"{'feature':<22} {'status':<8} detail")
     for name, result in features.items():
         print(f"{name:<22} {result.status:<8} {result.detail}")
+    print(f"split-brain safety: {split_brain_safety(features)}")
     return 0

@@ -161,6 +161,8 @@ def results_reader_conf(cfg: KwalConfig) -> dict[str, Any]:
             "fetch.wait.max.ms": FETCH_WAIT_MS,
             "fetch.min.bytes": 1,
             "enable.partition.eof": False,
+            # a result a replaced (fenced) TN wrote after its fence is aborted: never seen
+            "isolation.level": "read_committed",
         }
     )
 

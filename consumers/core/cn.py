@@ -391,6 +391,8 @@ class CN(CNCore):
                     "fetch.wait.max.ms": FETCH_WAIT_MS,
                     # never skip silently over records truncated away: step c
                     "auto.offset.reset": "error",
+                    # a replaced (fenced) TN's records are aborted: never applied
+                    "isolation.level": "read_committed",
                 }
             )
         )
@@ -495,6 +497,8 @@ class CN(CNCore):
                         self.positions[topic] = max(self.positions.get(topic, 0), offset + 1)
                     self._applied()
                 self._records_metric.inc(len(records))
+            else:
+                self._skip_control_records()
             if truncated:
                 self._bootstrap_again(truncated)
                 continue
@@ -504,6 +508,27 @@ class CN(CNCore):
                 self._consumer.incremental_assign(added)
                 if self._paused:
                     self._consumer.pause(added)
+
+    def _skip_control_records(self) -> None:
+        """Idle: take the consumer's own positions, which move past what is never
+        delivered (transaction markers, aborted records), so `catch_up` reaches an end
+        that such a record occupies."""
+        assert self._consumer is not None
+        try:
+            assigned = self._consumer.assignment()
+            if not assigned:
+                return
+            now = self._consumer.position(assigned)
+        except KafkaException:
+            return
+        with self._lock:
+            moved = False
+            for tp in now:
+                if tp.offset is not None and tp.offset > self.positions.get(tp.topic, 0):
+                    self.positions[tp.topic] = tp.offset
+                    moved = True
+            if moved:
+                self._lock.notify_all()
 
     def _bootstrap_again(self, topics: list[str]) -> None:
         """Step c: the records at this CN's position on `topics` are gone.

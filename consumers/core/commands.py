@@ -47,6 +47,7 @@ def run_tail(args: Any, cfg: KwalConfig) -> int:
         return 2
     consumer = Consumer(cfg.kafka_client(**{"group.id": f"{cfg.topics.prefix}.tail",
                                             "enable.auto.commit": False, "fetch.wait.max.ms": 50,
+                                            "isolation.level": "read_committed",
                                             # a truncated start: from the first record kept
                                             "auto.offset.reset": "earliest"}))
     consumer.assign([TopicPartition(cfg.topics.logtail(database, table), 0, 0)])

@@ -151,6 +151,7 @@ def start_query(
         "maxRecordsPerPartition": 50000,
         "minPartitions": _parallelism(spark),
         "kafka.fetch.wait.max.ms": 50,
+        "kafka.isolation.level": "read_committed",  # a fenced TN's records are aborted
     }
     if max_records_per_trigger:
         options["maxRecordsPerTrigger"] = max_records_per_trigger

@@ -57,7 +57,13 @@ def consumer_conf(kafka_conf: Mapping[str, Any], role: str) -> dict[str, Any]:
     conf["client.id"] = f"kwal-spark-{role}"
     conf.update(kafka_conf)
     conf.update(
-        {"enable.partition.eof": True, "auto.offset.reset": "error", "enable.auto.commit": False}
+        {
+            "enable.partition.eof": True,
+            "auto.offset.reset": "error",
+            "enable.auto.commit": False,
+            # a replaced (fenced) TN's records are aborted: never read (docs/fencing.md)
+            "isolation.level": "read_committed",
+        }
     )
     if "bootstrap.servers" not in conf:
         raise KafkaSourceError("no Kafka bootstrap: set the 'bootstrap' option")

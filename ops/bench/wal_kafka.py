@@ -130,6 +130,8 @@ def run(args: argparse.Namespace, cfg: KwalConfig) -> int:
             "embedded_broker": where == "embedded",
             "entry_bytes": ENTRY_BYTES,
             "wal_partitions": len(driver.partitions),
+            # transactions: each group is a Kafka transaction (docs/fencing.md); epoch: not
+            "fence": "transactions" if driver.bus is not None else "epoch",
         }
         try:
             drive(4, 200, 10, raw.append)  # warm-up: first idempotent acks are slow

@@ -167,6 +167,7 @@ def follow(args: argparse.Namespace) -> dict[str, Any]:
         "enable.auto.commit": False,
         "auto.offset.reset": "error",  # a truncated topic needs a checkpoint (§7.6)
         "allow.auto.create.topics": False,
+        "isolation.level": "read_committed",  # a fenced TN's records are aborted (§2)
     })
     consumer.assign([TopicPartition(t, 0, 0) for t in [catalog, *topic_of]])
     deadline = time.monotonic() + args.timeout

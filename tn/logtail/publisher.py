@@ -48,6 +48,7 @@ from typing import Any
 from confluent_kafka import KafkaError, Producer
 
 from infra.config import KwalConfig
+from infra.kafka_txn import TxnChannel
 from infra.queues import drain
 from infra.topics import ensure_topics, logtail_topic
 from schemas.logtail import (
@@ -69,12 +70,18 @@ _STOP = object()
 
 class LogtailPublisher:
     def __init__(
-        self, cfg: KwalConfig, view: CatalogView, live_tables: list[str] | None = None
+        self,
+        cfg: KwalConfig,
+        view: CatalogView,
+        live_tables: list[str] | None = None,
+        producer: TxnChannel | None = None,
     ) -> None:
         self.cfg = cfg
         self.view = view
         self._queue: queue.Queue[Any] = queue.Queue()
-        self._producer = Producer(
+        # A channel of the WAL's transactional bus where the TN fences at the broker
+        # (docs/fencing.md): a replaced TN's logtail is then aborted, never applied by a CN.
+        self._producer: Producer | TxnChannel = producer or Producer(
             cfg.kafka_client(
                 **{
                     "enable.idempotence": True,

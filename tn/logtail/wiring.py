@@ -6,6 +6,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from infra.config import KwalConfig
+from infra.kafka_txn import TxnChannel
 from schemas.wal import WalEntry
 from tn.engine import Engine
 from tn.logtail.engine_view import EngineCatalogView
@@ -27,7 +28,11 @@ class Logtail:
 
 
 def attach_logtail(
-    engine: Engine, cfg: KwalConfig, heartbeats: bool = True, republish: Iterable[WalEntry] = ()
+    engine: Engine,
+    cfg: KwalConfig,
+    heartbeats: bool = True,
+    republish: Iterable[WalEntry] = (),
+    producer: TxnChannel | None = None,
 ) -> Logtail:
     """1. create the publisher (topics of every live table are ensured first);
     2. after a restart, publish again the logtail of every entry still in the WAL
@@ -37,7 +42,7 @@ def attach_logtail(
     3. register it as commit and heartbeat listener (in LSN order with commits);
     4. start the heartbeat loop (cfg.tn.heartbeat_ms)."""
     live = [f"{db}.{t}" for db, tables in engine.tables().items() for t in tables]
-    publisher = LogtailPublisher(cfg, EngineCatalogView(engine), live)
+    publisher = LogtailPublisher(cfg, EngineCatalogView(engine), live, producer)
     for entry in republish:
         publisher.on_commit(entry)
     publisher.start()

@@ -78,6 +78,8 @@ class PrincipalGateway:
                         "group.id": group,
                         "enable.auto.commit": False,
                         "auto.offset.reset": "earliest",
+                        # results a fenced TN wrote are aborted: never copied (docs/fencing.md)
+                        "isolation.level": "read_committed",
                         "fetch.wait.max.ms": FETCH_WAIT_MS,
                         "topic.metadata.refresh.interval.ms": self.metadata_refresh_ms,
                         "session.timeout.ms": 10_000,

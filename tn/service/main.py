@@ -170,8 +170,14 @@ def _serve(cfg: KwalConfig, stop: threading.Event) -> int | BaseException:
         recovered = recover_from_config(log, cfg)
         engine = recovered.engine
         parts.callback(engine.close)
+        # Where the WAL is fenced at the broker, results and logtail ride the same
+        # transactional producer (docs/fencing.md): nothing a replaced TN writes is read.
+        bus = getattr(log.driver, "bus", None)
         logtail = attach_logtail(
-            engine, cfg, republish=(decode_entry(r.payload) for r in log.records())
+            engine,
+            cfg,
+            republish=(decode_entry(r.payload) for r in log.records()),
+            producer=bus.channel() if bus is not None else None,
         )
         parts.callback(lambda: logtail.close(patience(10.0)))
         checkpoints = start_checkpoints(recovered, cfg, logtail=logtail)
@@ -189,7 +195,12 @@ def _serve(cfg: KwalConfig, stop: threading.Event) -> int | BaseException:
         parts.callback(ops.stop)
         sampler = MetricsSampler(log, checkpoints, logtail.publisher, cfg.tn.metrics_interval_s)
         parts.callback(sampler.start().stop)
-        service = TnService(cfg, engine, store=recovered.store)
+        service = TnService(
+            cfg,
+            engine,
+            store=recovered.store,
+            producer=bus.channel() if bus is not None else None,
+        )
         gateway = None
         if cfg.security.enabled:  # per-principal topics in and out (docs/security.md)
             from tn.service.gateway import PrincipalGateway

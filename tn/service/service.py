@@ -121,6 +121,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, To
 
 from infra.config import KwalConfig
 from infra.kafka_io import FETCH_WAIT_MS, poll_batch
+from infra.kafka_txn import TxnChannel
 from infra.metrics import METRICS
 from infra.objectstore import ObjectStore
 from infra.principals import PRINCIPAL_HEADER, scoped_id
@@ -191,6 +192,7 @@ class TnService:
         dedup_window: int | None = None,
         group_max: int = 64,
         store: ObjectStore | None = None,
+        producer: TxnChannel | None = None,
     ) -> None:
         self.cfg = cfg
         self.engine = engine
@@ -206,6 +208,7 @@ class TnService:
         self.partition = 0
         self._stop = threading.Event()
         self._halt_logged = False  # `_halted_by_log` said so once
+        self._fatal_logged = False  # `_undelivered` said so once
         self._out: queue.SimpleQueue[tuple[TxnResult, bytes | None, int] | None] = (
             queue.SimpleQueue()
         )
@@ -233,7 +236,10 @@ class TnService:
         self._last_progress = 0.0
         self._threads: list[threading.Thread] = []
         self.processed = 0
-        self._producer = Producer(tn_producer_conf(cfg))
+        # A channel of the WAL's transactional bus where the TN fences at the broker
+        # (docs/fencing.md): a result is visible (read_committed) only once committed in a
+        # transaction of this TN's epoch; a replaced TN's results are aborted.
+        self._producer: Producer | TxnChannel = producer or Producer(tn_producer_conf(cfg))
         self._consumer: Consumer | None = None
 
     # ---- lifecycle ------------------------------------------------------------------------
@@ -367,6 +373,8 @@ class TnService:
                     "enable.auto.commit": False,
                     "fetch.wait.max.ms": 50,
                     "enable.partition.eof": True,
+                    # what a replaced (fenced) TN published after its fence is aborted
+                    "isolation.level": "read_committed",
                 }
             )
         )
@@ -395,6 +403,11 @@ class TnService:
                         self._answered_offsets.add(res.request_offset)
                     if res.request_offset >= window_start:
                         self._remember(res)
+                # the consumer's position moves past transaction markers and aborted
+                # records too, which no message shows
+                now = consumer.position([TopicPartition(topic, 0)])[0].offset
+                if now is not None and now > position:
+                    position = now
                 if got:
                     idle_since = time.monotonic()
                 elif position >= high and time.monotonic() - idle_since > 0.3:
@@ -766,6 +779,11 @@ class TnService:
                 offset: int = offset,
             ) -> None:
                 result_offset = None if err is not None else msg.offset()
+                if err is not None and err.fatal():
+                    # the producer can send nothing more (fenced by a newer TN, say): the
+                    # request stays unanswered here; the TN that took over answers it
+                    self._undelivered(res, err)
+                    return
                 if result_offset is None:
                     # a failure, or a duplicate-sequence answer, which does not prove the
                     # result was written (the embedded broker loses such records in a restart)
@@ -782,6 +800,16 @@ class TnService:
                 except BufferError:
                     self._producer.poll(0.01)
             self._producer.poll(0)
+
+    def _undelivered(self, res: TxnResult, err: Any) -> None:
+        if not self._fatal_logged:
+            self._fatal_logged = True
+            log.error(
+                "results cannot be published any more (%s); %s and later results stay "
+                "unanswered here: the TN that takes over answers them",
+                err,
+                res.request_id,
+            )
 
     def _delivered(self, res: TxnResult, req_offset: int, result_offset: int) -> None:
         with self._lock:

@@ -30,12 +30,21 @@ everything durable in that partition before the marker sits at a lower offset,
 so "read up to the marker" is the end, with no idle-timeout guess. The meta topic
 uses the same trick with the epoch claim record.
 
-Fencing: the epoch rule always (markers + recorded bases, see `replay`); a fenced
-writer learns it from the meta topic within ~100 ms and fails every pending and
-later append with `FencedError`. Kafka transactional.id fencing is not used (the
-embedded broker's transactions are unreliable); with it absent, acknowledgements
-the old writer hands out between the new writer's marker and noticing the fence
-can be lost, which is why a TN must not run two writers on purpose.
+Fencing (docs/fencing.md), two layers:
+
+- at the broker (`wal.fence` = transactions, the default where the broker's
+  read_committed hides aborted records): step 2's producer is a `TxnBus` with
+  `transactional.id` `<prefix>.tn`; its `init_transactions` fences every older
+  writer of this WAL before step 3, and every record (WAL, meta, and, through
+  channels of the same bus, the TN's results and logtail) is written in a Kafka
+  transaction and acknowledged only once that transaction committed. A fenced
+  writer's commit is refused by the broker: it can acknowledge nothing more,
+  and every reader (read_committed) ignores what it wrote after the fence;
+- the epoch rule always (markers + recorded bases, see `replay`); a fenced
+  writer also learns it from the meta topic within ~100 ms. Alone (`wal.fence`
+  = epoch: Tansu, whose read_committed shows aborted records), it leaves a
+  window in which an old writer's acknowledgements can be lost: split-brain
+  safety is unavailable there, and the driver logs so at open.
 
 A spent producer: librdkafka can declare the idempotent producer's state
 fatal (OUT_OF_ORDER_SEQUENCE_NUMBER after a broker restart that lost records
@@ -64,12 +73,13 @@ import uuid
 from concurrent.futures import Future
 from typing import Any, Literal
 
-from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
-from infra.capabilities import deletes_records
+from infra.capabilities import deletes_records, fences_at_broker
 from infra.config import KwalConfig
 from infra.kafka_io import RecordDeleter
+from infra.kafka_txn import TxnBus, TxnChannel, is_fenced
 from infra.topics import ensure_topics, wal_topics
 from tn.logstore.driver import LogClosedError, LogDriver, LogRecord
 from tn.logstore.kafka_backend.exceptions import (
@@ -123,6 +133,12 @@ def producer_conf(cfg: KwalConfig) -> dict[str, Any]:
     )
 
 
+def tn_transactional_id(cfg: KwalConfig) -> str:
+    """The transactional.id bound to the WAL: one per topic prefix, so the TN that opens
+    this WAL fences every older one (KIP-98)."""
+    return f"{cfg.topics.prefix}.tn"
+
+
 class KafkaDriver(LogDriver):
     """The Kafka log backend. One per WAL writer process; see the module docstring."""
 
@@ -160,14 +176,30 @@ class KafkaDriver(LogDriver):
         if tmd is None or tmd.error is not None or not tmd.partitions:
             raise KafkaLogError(f"WAL topic {self.topic} is missing on {cfg.bootstrap}")
         self.partitions = sorted(tmd.partitions)
-        # 2. the one producer
-        self._producer = Producer(producer_conf(cfg))
+        # 2. the one producer: a channel of the transactional bus (its init_transactions
+        # fences every older writer, module docstring), or a plain idempotent one
+        self.bus: TxnBus | None = None
+        self._producer: Producer | TxnChannel
+        if fences_at_broker(cfg):
+            self.bus = TxnBus(producer_conf(cfg), tn_transactional_id(cfg), open_timeout_s)
+            self._producer = self.bus.channel()
+        else:
+            log.warning(
+                "split-brain safety is unavailable on the broker at %s (wal.fence=%s; its "
+                "read_committed does not hide aborted records, see `kwal doctor`): a TN paused "
+                "while another takes its WAL over can acknowledge commits that are then lost",
+                cfg.bootstrap,
+                cfg.wal.fence,
+            )
+            self._producer = Producer(producer_conf(cfg))
         self._pump = Pump(self._producer)
         self._pump.start()
         try:
             self._open(delete_records, max_in_flight, retention_policy)
         except BaseException:
             self._pump.stop()
+            if self.bus is not None:
+                self.bus.close(1.0)
             raise
 
     # -- opening -------------------------------------------------------------
@@ -181,6 +213,12 @@ class KafkaDriver(LogDriver):
             self._producer, self._reader_base, cfg.topics.wal_meta, self._open_timeout
         )
         self.epoch, state, claim_offset = self._meta.claim_epoch(self.writer_id)
+        log.info(
+            "WAL %s: epoch %d claimed by writer %s; reading the log to its end",
+            self.topic,
+            self.epoch,
+            self.writer_id,
+        )
         self._truncated = state.truncated
         # 4. markers: fence + end of log
         ends: dict[int, int] = {}
@@ -245,10 +283,15 @@ class KafkaDriver(LogDriver):
                 group_max_bytes=cfg.wal.group_max_bytes,
                 max_in_flight=max_in_flight,
                 append_timeout_s=cfg.wal.append_timeout_s,
+                kick=self.bus.kick if self.bus is not None else None,
             ),
         )
+        if self.bus is not None:
+            self.bus.add_source(self._writer.issue_open_group)
         self._pump.add_tick(self._writer.tick)
         self._pump.add_on_fatal(self._on_producer_fatal)
+        if self.bus is not None:
+            self.bus.add_on_failed(self._on_bus_failed)
         self._watcher = MetaWatcher(
             self._reader_base, cfg.topics.wal_meta, claim_offset + 1, self.epoch, self._on_fenced
         )
@@ -325,6 +368,21 @@ class KafkaDriver(LogDriver):
                 f"{self.topic} hit a fatal error and can send nothing more: {e}; reopen the log"
             )
         )
+
+    def _on_bus_failed(self, err: KafkaError) -> None:
+        """The transactional producer failed: fenced at the broker by a newer TN, or any
+        other fatal error (then the log is reopened, like `_on_producer_fatal`)."""
+        assert self.bus is not None
+        if is_fenced(err):
+            self._writer.fail(
+                FencedError(
+                    f"writer {self.writer_id} (epoch {self.epoch}) on {self.topic} was fenced at "
+                    f"the broker: a newer TN initialised transactional.id "
+                    f"{self.bus.transactional_id}; nothing it writes is committed any more ({err})"
+                )
+            )
+            return
+        self._on_producer_fatal(KafkaException(err))
 
     def _on_fenced(self, newer: int) -> None:
         self._writer.fail(
@@ -515,10 +573,12 @@ class KafkaDriver(LogDriver):
         self._watcher.stop()
         self._pump.stop()
         self._producer.flush(min(self._timeout, 5.0))
+        if self.bus is not None:
+            self.bus.close(min(self._timeout, 5.0))
         with self._read_lock:
             if self._reader is not None:
                 self._reader.close()
                 self._reader = None
 
 
-__all__ = ["KafkaDriver", "LogClosedError", "producer_conf"]
+__all__ = ["KafkaDriver", "LogClosedError", "producer_conf", "tn_transactional_id"]

@@ -33,6 +33,8 @@ from confluent_kafka import (
     TopicPartition,
 )
 
+from infra.kafka_io import poll_batch
+from infra.kafka_txn import TxnChannel
 from tn.logstore.kafka_backend.exceptions import AppendTimeoutError, ReplayTimeoutError
 
 log = logging.getLogger(__name__)
@@ -43,7 +45,7 @@ FETCH_WAIT_MS = 75  # the embedded broker's sweet spot is 50-100 ms
 class Pump:
     """Polls the producer on one daemon thread; runs `tick()` hooks between polls."""
 
-    def __init__(self, producer: Producer, name: str = "kwal-wal-pump") -> None:
+    def __init__(self, producer: Producer | TxnChannel, name: str = "kwal-wal-pump") -> None:
         self._producer = producer
         self._stop = threading.Event()
         self._running = threading.Event()
@@ -129,7 +131,7 @@ class Pump:
 
 
 def produce_wait(
-    producer: Producer,
+    producer: Producer | TxnChannel,
     topic: str,
     value: bytes | None,
     timeout_s: float,
@@ -184,9 +186,22 @@ def reader_conf(base: Mapping[str, Any]) -> dict[str, Any]:
             "fetch.wait.max.ms": FETCH_WAIT_MS,
             "auto.offset.reset": "earliest",
             "enable.partition.eof": False,
+            # a replaced TN's records after its fence are aborted: never read them
+            "isolation.level": "read_committed",
         }
     )
     return conf
+
+
+def _start(consumer: Consumer, topic: str, partition: int, start: int, timeout_s: float) -> int:
+    """An exact offset to start at: `start`, or the log start where that is higher. Asked
+    of the broker (ListOffsets) rather than left to OFFSET_BEGINNING, which librdkafka
+    resolves only after a fetch backoff (~0.5 s per reader: four readers open a WAL)."""
+    try:
+        low, _ = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=timeout_s)
+    except KafkaException:
+        return start or OFFSET_BEGINNING
+    return max(start, int(low))
 
 
 def read_until(
@@ -209,16 +224,14 @@ def read_until(
         return
     consumer = Consumer(reader_conf(conf))
     try:
-        consumer.assign(
-            [TopicPartition(topic, p, first.get(p) or OFFSET_BEGINNING) for p in todo]
-        )
         deadline = time.monotonic() + timeout_s
+        consumer.assign([TopicPartition(topic, p, _start(consumer, topic, p, first.get(p, 0), timeout_s)) for p in todo])
         while todo:
             if time.monotonic() > deadline:
                 raise ReplayTimeoutError(
                     f"reading {topic} did not reach offsets {todo} within {timeout_s:.0f}s"
                 )
-            for msg in consumer.consume(500, 0.2):
+            for msg in poll_batch(consumer, 500, 0.2):
                 err = msg.error()
                 if err is not None:
                     if err.code() == KafkaError._PARTITION_EOF:

@@ -36,6 +36,7 @@ from typing import Any
 
 from confluent_kafka import Producer
 
+from infra.kafka_txn import TxnChannel
 from tn.logstore.kafka_backend.kio import produce_wait, read_until
 
 TRUNCATED_KEY = b"truncated"
@@ -87,7 +88,7 @@ class MetaLog:
     """Reads and writes the meta topic through the driver's one producer."""
 
     def __init__(
-        self, producer: Producer, reader_base: Mapping[str, Any], topic: str, timeout_s: float
+        self, producer: Producer | TxnChannel, reader_base: Mapping[str, Any], topic: str, timeout_s: float
     ) -> None:
         self._producer = producer
         self._reader_base = reader_base

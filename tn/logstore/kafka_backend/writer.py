@@ -39,12 +39,13 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 
 from confluent_kafka import KafkaError, Message, Producer
 
+from infra.kafka_txn import TxnChannel
 from tn.logstore.ack_future import AckFuture, set_results
 from tn.logstore.driver import LogClosedError
 from tn.logstore.kafka_backend.exceptions import (
@@ -72,6 +73,10 @@ class WriterSettings:
     group_max_bytes: int
     max_in_flight: int
     append_timeout_s: float
+    # pulled by a transactional bus (infra.kafka_txn): the open group is issued when the
+    # bus starts its next transaction (`issue_open_group`), or when full; `kick` tells
+    # the bus an idle group has entries
+    kick: Callable[[], None] | None = None
 
 
 class GroupWriter:
@@ -79,7 +84,7 @@ class GroupWriter:
 
     def __init__(
         self,
-        producer: Producer,
+        producer: Producer | TxnChannel,
         topic: str,
         partitions: Sequence[int],
         epoch: int,
@@ -164,9 +169,20 @@ class GroupWriter:
             self._next = lsn + 1
             # 4. issue when full or when a record slot is free
             issue = self._take_group_locked() if self._group_ready_locked() else None
+            kick = self._s.kick is not None and issue is None and len(self._group) == 1
         if issue is not None:
             self._produce(issue)
+        elif kick:
+            assert self._s.kick is not None
+            self._s.kick()
         return future
+
+    def issue_open_group(self) -> None:
+        """The bus starts a transaction: the open group goes into it as one record."""
+        with self._lock:
+            issue = self._take_group_locked() if not self._closed else None
+        if issue is not None:
+            self._produce(issue)
 
     def _wait_for_room_locked(self, lsn: int) -> None:
         """Step 2: wait, bounded, until the window has room for `lsn`, the writer fails or
@@ -189,6 +205,8 @@ class GroupWriter:
         n = len(self._group)
         if n >= self._s.group_max_entries or self._group_bytes >= self._s.group_max_bytes:
             return True
+        if self._s.kick is not None:
+            return False  # pulled by the bus (`issue_open_group`)
         return self._in_flight < self._s.max_in_flight and n >= GROWTH**self._in_flight
 
     def _take_group_locked(self) -> _Issue | None:
