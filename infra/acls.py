@@ -13,6 +13,7 @@ principals come from `[security]`: `tn_principal`, `services`, `cns`. P is
 |           | topics P.results. (prefixed): results to principals| WRITE, DESCRIBE   |
 |           | groups P.tn, P.ops-reader-, kwal-reader-,          | READ              |
 |           | kwal-ops- (prefixed)                               |                   |
+|           | transactional id P.tn (literal): the fence         | WRITE, DESCRIBE   |
 | service S | topic P.requests.S (literal)                       | WRITE, DESCRIBE   |
 |           | topic P.results.S (literal)                        | READ, DESCRIBE    |
 |           | group kwal-producers- (prefixed; assign() only,    | READ              |
@@ -53,7 +54,7 @@ from infra.topics import admin_client, ensure_topics, principal_topics
 # (resource type, name, pattern, principal "User:x", operation): one ALLOW from any host
 Grant = tuple[str, str, str, str, str]
 
-TOPIC, GROUP = ResourceType.TOPIC, ResourceType.GROUP
+TOPIC, GROUP, TXN_ID = ResourceType.TOPIC, ResourceType.GROUP, ResourceType.TRANSACTIONAL_ID
 LITERAL, PREFIXED = ResourcePatternType.LITERAL, ResourcePatternType.PREFIXED
 # group-id prefixes kwal's clients use whatever the topic prefix (assign() readers)
 SHARED_GROUP_PREFIXES = ("kwal-reader-", "kwal-ops-", "kwal-producers-", "kwal-spark-")
@@ -81,6 +82,8 @@ def desired_grants(cfg: KwalConfig) -> set[Grant]:
         out.add(_grant(TOPIC, t.name("results."), PREFIXED, tn, op))
     for group in (t.name("tn"), t.name("ops-reader-"), "kwal-reader-", "kwal-ops-"):
         out.add(_grant(GROUP, group, PREFIXED, tn, AclOperation.READ))
+    for op in (AclOperation.WRITE, AclOperation.DESCRIBE):  # the fence's transactions
+        out.add(_grant(TXN_ID, t.tn_transactional_id, LITERAL, tn, op))
     for service in map(check_principal, sec.service_list()):
         out.add(_grant(TOPIC, t.requests_of(service), LITERAL, service, AclOperation.WRITE))
         out.add(_grant(TOPIC, t.requests_of(service), LITERAL, service, AclOperation.DESCRIBE))
@@ -117,7 +120,7 @@ def _kwal_resource(cfg: KwalConfig, b: AclBinding) -> bool:
     prefix = cfg.topics.name("")
     if b.restype == GROUP and b.name in SHARED_GROUP_PREFIXES:
         return True
-    return b.restype in (TOPIC, GROUP) and b.name.startswith(prefix)
+    return b.restype in (TOPIC, GROUP, TXN_ID) and b.name.startswith(prefix)
 
 
 def current_bindings(admin: AdminClient, timeout_s: float) -> list[AclBinding]:

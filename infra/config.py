@@ -47,6 +47,12 @@ class TopicsConfig:
         return f"{self.prefix}.{role}"
 
     @property
+    def tn_transactional_id(self) -> str:
+        """The transactional.id bound to the WAL: one per topic prefix, so the TN that opens
+        this WAL fences every older one (KIP-98, docs/fencing.md)."""
+        return self.name("tn")
+
+    @property
     def requests(self) -> str:
         return self.name("requests")
 

@@ -133,12 +133,6 @@ def producer_conf(cfg: KwalConfig) -> dict[str, Any]:
     )
 
 
-def tn_transactional_id(cfg: KwalConfig) -> str:
-    """The transactional.id bound to the WAL: one per topic prefix, so the TN that opens
-    this WAL fences every older one (KIP-98)."""
-    return f"{cfg.topics.prefix}.tn"
-
-
 class KafkaDriver(LogDriver):
     """The Kafka log backend. One per WAL writer process; see the module docstring."""
 
@@ -181,7 +175,7 @@ class KafkaDriver(LogDriver):
         self.bus: TxnBus | None = None
         self._producer: Producer | TxnChannel
         if fences_at_broker(cfg):
-            self.bus = TxnBus(producer_conf(cfg), tn_transactional_id(cfg), open_timeout_s)
+            self.bus = TxnBus(producer_conf(cfg), cfg.topics.tn_transactional_id, open_timeout_s)
             self._producer = self.bus.channel()
         else:
             log.warning(
@@ -581,4 +575,4 @@ class KafkaDriver(LogDriver):
                 self._reader = None
 
 
-__all__ = ["KafkaDriver", "LogClosedError", "producer_conf", "tn_transactional_id"]
+__all__ = ["KafkaDriver", "LogClosedError", "producer_conf"]
