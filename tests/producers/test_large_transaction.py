@@ -25,7 +25,8 @@ import pytest
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from consumers.core.cn import CN
-from consumers.spark.job import read_state, start_query, watermark
+from consumers.spark.job import start_query
+from consumers.spark.reader import read_state, watermark
 from infra.config import KwalConfig, ObjectStoreConfig
 from infra.objectstore import S3Store, open_store
 from infra.topics import ensure_topics

@@ -15,7 +15,8 @@ from typing import Any
 
 import pytest
 
-from consumers.spark.job import start_query, watermark
+from consumers.spark.job import start_query
+from consumers.spark.reader import watermark
 from consumers.spark.status import attach_status
 from infra.cn_status import read_statuses
 from infra.config import KwalConfig
