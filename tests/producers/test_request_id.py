@@ -27,7 +27,7 @@ from tests.service.harness import recover_engine
 from tn.catalog.nodes import SYSTEM_DB
 from tn.checkpoint.commands import run_now
 from tn.service.process import TnProcess
-from tn.service.service import REQUESTS_TABLE
+from tn.service.system_tables import REQUESTS_TABLE
 
 TABLE = "retry.t"
 

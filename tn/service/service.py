@@ -8,68 +8,21 @@ Threads
   transactions are in flight, the engine's pipeline commits them in order;
 - the engine's commit futures complete on the engine's threads; their
   callbacks only enqueue the result;
-- the *publisher* produces results (one idempotent producer) and handles
-  delivery reports.
+- the *publisher* produces results (on the WAL's transactional bus where the TN
+  fences at the broker, docs/fencing.md; else one idempotent producer) and
+  handles delivery reports.
 
-Exactly-once (what was chosen, and what it guarantees)
-------------------------------------------------------
-The WAL schema cannot carry request ids, so the TN keeps its bookkeeping in
-two system tables of its own, written through the engine and therefore in the
-WAL, atomically with the user's writes:
-
-- ``kwal_system.requests(request_id PK, req_offset)``: every request's
-  transaction also inserts its id. So "the request's effects are committed"
-  and "its id is in this table" are the same fact, and the primary key makes
-  a second execution of the same id conflict.
-- ``kwal_system.progress(k PK, requests_offset, results_offset)``: one row,
-  rewritten by a small transaction about every `progress_interval_s`.
-  ``requests_offset`` (C) is the lowest requests-topic offset whose result the
-  broker has not acknowledged yet: every request below C is *resolved*.
-  ``results_offset`` (R) is at or below the results-topic offset of every
-  result already delivered for a request at or above C. The same transaction
-  deletes ``requests`` rows more than `dedup_window` (100,000) offsets below
-  C, so that table stays bounded. (`dedup_window` is `tn.dedup_window`.)
-
-On start (after ``Engine.recover``) the TN reads both tables, then reads the
-results topic from R to its end to learn which requests at or above C already
-got an answer, and resumes consuming at C. For each request from C on:
-
-1. a result for this record (its request offset) is on the results topic -> skip;
-   a result for another copy of its id -> publish that result again for this
-   copy (an aborted request is never re-executed, so it can never commit later);
-2. its id is in ``kwal_system.requests`` -> committed before the crash but
-   unanswered: publish ``committed`` again, with the commit ts found by a
-   binary search over snapshot reads;
-3. otherwise run it (it had no effect before the crash).
-
-Guarantees: a request's writes are applied at most once, also when a client
-re-sends the same request id, as long as the first copy is among the last
-`dedup_window` requests; the repeat gets the first one's result again (a copy that arrives
-while the first is still committing waits for it and gets its result). Every
-request record consumed gets at least one result; a client can receive a result twice
-(clients take the first and ignore the rest). A duplicate id arriving later
-than that horizon is executed again.
-
-Across a restart: a committed id is known from ``kwal_system.requests`` (its row was
-in the WAL entry of the commit, and is in every checkpoint taken since, so replay
-rebuilds it). An aborted id wrote nothing to the WAL: its outcome is known from the
-results topic, which the restart scan reads back far enough to cover the window
-(results of requests at or above C - `dedup_window`), as long as the topic's retention
-keeps them.
+Exactly-once
+------------
+`tn.service.system_tables` says how (two system tables written through the engine, in
+the WAL with the user's writes) and what it guarantees; the service keeps them:
+`_recover` reads them at start, with the results topic from R on
+(`tn.service.results_scan`), and `_write_progress` moves C and R forward.
 
 Grouping
 --------
-Requests that are only INSERTs into tables of the committed catalog, with
-primary keys distinct from each other's, are grouped (up to `group_max`, in
-consumption order, never across a request of another kind) and run as ONE
-engine transaction: their system-table rows go in the same transaction, so
-exactly-once holds per request; they share one commit ts. If the grouped
-transaction fails (a conflict, a duplicate key, a type the engine refuses),
-nothing of it is visible and each member runs again on its own and gets its
-own verdict. For blind writes on distinct keys this is the outcome of
-committing them one after the other; a member that conflicts with a
-transaction outside the group is simply re-run after it (it never read
-anything). `group_max=1` turns grouping off.
+INSERT-only requests on distinct keys run as one engine transaction
+(`tn.service.grouping`).
 
 A log failure
 -------------
@@ -79,7 +32,7 @@ failed have an *unknown* outcome: an entry the log did store is replayed when
 the log is reopened. So the service does not answer them: it stops consuming,
 leaves them unresolved, and reports `log_failure`. Its owner (`tn.service.main`)
 stops it, reopens the log, recovers a new engine and starts a new service, whose
-start-up (above) answers each of those requests truthfully: committed if its
+start-up (`tn.service.system_tables`) answers each of those requests truthfully: committed if its
 id was replayed into ``kwal_system.requests``, otherwise it is run.
 
 Principals
@@ -113,7 +66,6 @@ import threading
 import time
 from collections import OrderedDict
 from concurrent.futures import Future
-from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
@@ -129,27 +81,31 @@ from infra.queues import drain
 from schemas.exceptions import CodecError, UnsupportedFormatError
 from schemas.requests import (
     Kind,
-    OpKind,
     Reason,
     RequestFormatError,
     TxnRequest,
     TxnResult,
     decode_request,
-    decode_result,
     encode_result,
     peek_request_id,
 )
-from tn.catalog.nodes import SYSTEM_DB
 from tn.exceptions import ConflictError, EngineClosedError, LogFailedError, TnError
 from tn.exceptions import ValidationError as EngineValidationError
 from tn.service.acl import WriteAcl
-from tn.service.apply import RequestInvalid, apply_ops, conform_rows, result_for_error
+from tn.service.apply import RequestInvalid, apply_ops, result_for_error
+from tn.service.grouping import Group, Member, member_of
+from tn.service.results_scan import read_results
+from tn.service.system_tables import (
+    commit_progress,
+    committed_requests,
+    create_system_tables,
+    find_commit_ts,
+    read_progress,
+    record_requests,
+)
 
 log = logging.getLogger("kwal.tn.service")
 
-REQUESTS_TABLE = "requests"
-PROGRESS_TABLE = "progress"
-PROGRESS_KEY = "tn"
 RESULTS_SLACK = 10_000  # re-read this many extra results on restart (broker offset quirks)
 
 
@@ -225,7 +181,7 @@ class TnService:
         self.dedup_window = cfg.tn.dedup_window if dedup_window is None else dedup_window
         self._recent_max = self.dedup_window if recent_results is None else recent_results
         self.group_max = group_max
-        self._retries: queue.SimpleQueue[_Member] = queue.SimpleQueue()
+        self._retries: queue.SimpleQueue[Member] = queue.SimpleQueue()
         # request offsets that already have a result on the results topic (read at start)
         self._answered_offsets: set[int] = set()
         # request id -> offsets of later copies waiting for the first copy's answer
@@ -314,39 +270,13 @@ class TnService:
     def _recover(self) -> int:
         if not self.exactly_once:
             return OFFSET_BEGINNING
-        tables = self.engine.tables()
-        if REQUESTS_TABLE not in tables.get(SYSTEM_DB, []):
-            txn = self.engine.begin()
-            if SYSTEM_DB not in tables:
-                txn.create_database(SYSTEM_DB)
-            txn.create_table(
-                SYSTEM_DB,
-                REQUESTS_TABLE,
-                [("request_id", "string"), ("req_offset", "int64")],
-                "request_id",
-            )
-            txn.create_table(
-                SYSTEM_DB,
-                PROGRESS_TABLE,
-                [("k", "string"), ("requests_offset", "int64"), ("results_offset", "int64")],
-                "k",
-            )
-            txn.insert(
-                SYSTEM_DB,
-                PROGRESS_TABLE,
-                [{"k": PROGRESS_KEY, "requests_offset": -1, "results_offset": -1}],
-            )
-            txn.commit().result(timeout=60)
+        if create_system_tables(self.engine):
             return OFFSET_BEGINNING
-        progress = self.engine.read(SYSTEM_DB, PROGRESS_TABLE).to_pylist()
-        c, r = -1, -1
-        for row in progress:
-            if row["k"] == PROGRESS_KEY:
-                c, r = int(row["requests_offset"]), int(row["results_offset"])
+        c, r = read_progress(self.engine)
         self._progress_written = (c, r)
-        for row in self.engine.read(SYSTEM_DB, REQUESTS_TABLE).to_pylist():
-            self._committed_before[row["request_id"]] = int(row["req_offset"])
-            self._committed_ids.append((int(row["req_offset"]), row["request_id"]))
+        for req_offset, request_id in committed_requests(self.engine):
+            self._committed_before[request_id] = req_offset
+            self._committed_ids.append((req_offset, request_id))
         self._scan_results(
             max(0, r - RESULTS_SLACK - self.dedup_window) if r >= 0 else 0,
             max(c, 0),
@@ -365,79 +295,11 @@ class TnService:
         remember the results of requests at or above `window_start` (C - dedup_window), so
         that a repeated id gets its first outcome, aborted ones included (they are in no
         table)."""
-        topic = self.cfg.topics.results
-        consumer = Consumer(
-            self.cfg.kafka_client(
-                **{
-                    "group.id": f"{self.cfg.topics.prefix}.tn-scan",
-                    "enable.auto.commit": False,
-                    "fetch.wait.max.ms": 50,
-                    "enable.partition.eof": True,
-                    # what a replaced (fenced) TN published after its fence is aborted
-                    "isolation.level": "read_committed",
-                }
-            )
-        )
-        try:
-            _, high = consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=10)
-            if high <= from_offset:
-                return
-            consumer.assign([TopicPartition(topic, 0, from_offset)])
-            position = from_offset
-            idle_since = time.monotonic()
-            # The reported high watermark can lag the true end by a batch: read to
-            # it, then keep reading until nothing new arrives for a moment.
-            while True:
-                msgs = poll_batch(consumer, 1000, 0.1)
-                got = False
-                for msg in msgs:
-                    if msg.error() is not None:
-                        continue
-                    got = True
-                    position = (msg.offset() or 0) + 1
-                    try:
-                        res = decode_result(msg.value() or b"")
-                    except CodecError:
-                        continue
-                    if res.request_offset >= min_request_offset:
-                        self._answered_offsets.add(res.request_offset)
-                    if res.request_offset >= window_start:
-                        self._remember(res)
-                # the consumer's position moves past transaction markers and aborted
-                # records too, which no message shows
-                now = consumer.position([TopicPartition(topic, 0)])[0].offset
-                if now is not None and now > position:
-                    position = now
-                if got:
-                    idle_since = time.monotonic()
-                elif position >= high and time.monotonic() - idle_since > 0.3:
-                    return
-                elif time.monotonic() - idle_since > 10:
-                    log.warning("results scan stalled at %s (high watermark %s)", position, high)
-                    return
-        finally:
-            consumer.close()
-
-    def _find_commit_ts(self, request_id: str) -> int:
-        """The commit ts of the transaction that inserted `request_id` (binary search)."""
-        lo, hi = 0, self.engine.now()
-
-        def visible(ts: int) -> bool:
-            try:
-                t = self.engine.read(SYSTEM_DB, REQUESTS_TABLE, ts)
-            except TnError:  # the system tables did not exist yet at ts
-                return False
-            return request_id in set(t.column("request_id").to_pylist())
-
-        if not visible(hi):
-            return 0
-        while lo + 1 < hi:
-            mid = (lo + hi) // 2
-            if visible(mid):
-                hi = mid
-            else:
-                lo = mid
-        return hi
+        for res in read_results(self.cfg, from_offset):
+            if res.request_offset >= min_request_offset:
+                self._answered_offsets.add(res.request_offset)
+            if res.request_offset >= window_start:
+                self._remember(res)
 
     # ---- the request loop -----------------------------------------------------------------
 
@@ -459,7 +321,7 @@ class TnService:
                 log.exception("consume failed")
                 time.sleep(0.2)
                 continue
-            group = _Group()
+            group = Group()
             for msg in msgs:
                 err = msg.error()
                 if err is not None:
@@ -473,7 +335,7 @@ class TnService:
                     req = self._accept(offset, msg.key(), msg.value() or b"", _principal(msg))
                     if req is None:
                         continue
-                    member = self._group_member(req, offset) if self.group_max > 1 else None
+                    member = member_of(self.engine, req, offset) if self.group_max > 1 else None
                     if member is None:
                         self._flush(group)
                         self._execute(req, offset)
@@ -611,7 +473,7 @@ class TnService:
         if inflight:
             return None
         if rid in self._committed_before:
-            ts = self._find_commit_ts(rid)
+            ts = find_commit_ts(self.engine, rid)
             kw = {"client_id": req.client_id, "request_offset": offset}
             self._publish(TxnResult.ok(rid, ts, **kw), rid.encode(), offset)
             return None
@@ -628,7 +490,7 @@ class TnService:
         try:
             apply_ops(self.engine, txn, req, self.store)
             if self.exactly_once:
-                txn.insert(SYSTEM_DB, REQUESTS_TABLE, [{"request_id": rid, "req_offset": offset}])
+                record_requests(txn, [(rid, offset)])
             fut = txn.commit()
         except Exception as e:  # noqa: BLE001 - validation, engine or unexpected: abort it
             _rollback(txn)
@@ -649,33 +511,7 @@ class TnService:
 
     # ---- grouping -------------------------------------------------------------------------
 
-    def _group_member(self, req: TxnRequest, offset: int) -> _Member | None:
-        """The request as a group member, or None if it must run on its own: only
-        requests made of INSERTs into tables of the committed catalog, with
-        distinct primary keys, are grouped."""
-        inserts: list[tuple[str, str, pa.Table]] = []
-        keys: set[tuple[str, str, Any]] = set()
-        for op in req.ops:
-            if op.kind is not OpKind.INSERT or op.objects:
-                return None
-            rows, schema = conform_rows(self.engine, op)  # RequestInvalid -> aborted by caller
-            if schema is None:
-                return None  # not a committed table: the engine judges it alone
-            names = [c.name for c in schema.columns]
-            if sorted(rows.column_names) != sorted(names):
-                return None
-            rows = rows.select(names)
-            op_keys = rows.column(schema.primary_key).to_pylist()
-            before = len(keys)
-            keys.update((op.database, op.table, k) for k in op_keys)
-            if len(keys) != before + len(op_keys):
-                return None  # a key twice in one request: let the engine say so
-            inserts.append((op.database, op.table, rows))
-        if not inserts:
-            return None
-        return _Member(req, offset, inserts, keys)
-
-    def _flush(self, group: _Group) -> None:
+    def _flush(self, group: Group) -> None:
         members = group.take()
         if not members:
             return
@@ -696,11 +532,7 @@ class TnService:
             for (db, table, _), tables in batches.items():
                 txn.insert(db, table, pa.concat_tables(tables))
             if self.exactly_once:
-                txn.insert(
-                    SYSTEM_DB,
-                    REQUESTS_TABLE,
-                    [{"request_id": m.req.request_id, "req_offset": m.offset} for m in members],
-                )
+                record_requests(txn, [(m.req.request_id, m.offset) for m in members])
             fut = txn.commit()
         except Exception as e:  # noqa: BLE001 - one member's problem: run each alone
             _rollback(txn)
@@ -713,7 +545,7 @@ class TnService:
             return
         fut.add_done_callback(lambda f: self._group_committed(f, members))
 
-    def _group_committed(self, fut: Future[int], members: list[_Member]) -> None:
+    def _group_committed(self, fut: Future[int], members: list[Member]) -> None:
         exc = fut.exception()
         if exc is None:
             ts = int(fut.result())
@@ -888,15 +720,7 @@ class TnService:
         if (c, r) == self._progress_written and not prune:
             return
         try:
-            txn = self.engine.begin()
-            txn.update(
-                SYSTEM_DB,
-                PROGRESS_TABLE,
-                [{"k": PROGRESS_KEY, "requests_offset": c, "results_offset": r}],
-            )
-            if prune:
-                txn.delete(SYSTEM_DB, REQUESTS_TABLE, prune)
-            fut = txn.commit()
+            fut = commit_progress(self.engine, c, r, prune)
         except TnError as e:
             log.warning("progress not recorded: %s", e)
             return
@@ -909,36 +733,6 @@ class TnService:
                 fut.result(timeout=10)
             except Exception as e:  # noqa: BLE001
                 log.warning("progress not recorded: %s", e)
-
-
-@dataclass
-class _Member:
-    req: TxnRequest
-    offset: int
-    inserts: list[tuple[str, str, pa.Table]]
-    keys: set[tuple[str, str, Any]]
-
-
-class _Group:
-    """Independent INSERT-only requests (pairwise distinct keys) run as ONE engine
-    transaction: they commit atomically at one commit ts, or, if that
-    transaction fails, each runs again on its own. For blind writes on distinct
-    keys this is the same outcome as committing them one after the other."""
-
-    def __init__(self) -> None:
-        self.members: list[_Member] = []
-        self.keys: set[tuple[str, str, Any]] = set()
-
-    def fits(self, m: _Member, limit: int) -> bool:
-        return len(self.members) < limit and self.keys.isdisjoint(m.keys)
-
-    def add(self, m: _Member) -> None:
-        self.members.append(m)
-        self.keys |= m.keys
-
-    def take(self) -> list[_Member]:
-        members, self.members, self.keys = self.members, [], set()
-        return members
 
 
 def _principal(msg: Any) -> str | None:
