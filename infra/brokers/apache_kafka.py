@@ -63,10 +63,10 @@ BROKER_SETTINGS: dict[str, str] = {
     "log.retention.check.interval.ms": "1000",
     "log.initial.task.delay.ms": "0",
     "log.segment.delete.delay.ms": "0",
-    # file.delete.delay.ms keeps Kafka's 60 s: a deleted topic's files must outlive the
-    # retention task that may still be deleting its segments (with 0 the task's rename
-    # met missing files, Kafka took the log dir offline and the broker shut down; once in
-    # a CI run, after `kwal doctor`'s retention probe deleted its scratch topic)
+    # file.delete.delay.ms keeps Kafka's 60 s. Deleting a topic while the retention task
+    # still deletes its segments can take the log dir offline and shut the broker down
+    # (seen in CI, with 0 and with 60 s alike), so `kwal doctor`'s retention probe does not
+    # delete its scratch topic (infra.capabilities)
     # a small machine: the cleaner's dedupe buffer is heap (128 MiB by default)
     "log.cleaner.dedupe.buffer.size": str(8 << 20),
     "log.cleaner.threads": "1",
