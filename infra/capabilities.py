@@ -27,9 +27,10 @@ from confluent_kafka import (
     Producer,
     TopicPartition,
 )
-from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, ResourceType
+from confluent_kafka.admin import AdminClient, NewTopic
 
 from infra.config import KwalConfig
+from infra.topics import alter_topic_configs
 
 log = logging.getLogger(__name__)
 
@@ -153,12 +154,16 @@ _PROBES = {
 }
 
 
+LEFTOVER_AGE_S = 600  # a retention-probe topic older than this is deleted by the next run
+
+
 class _Prober:
     def __init__(self, cfg: KwalConfig, timeout_s: float) -> None:
         self.cfg = cfg
         self.timeout_s = timeout_s
         self.admin = AdminClient(cfg.kafka_client(**{"socket.timeout.ms": int(timeout_s * 1000)}))
-        self.prefix = f"{cfg.topics.prefix}.doctor-{uuid.uuid4().hex[:8]}"
+        # the creation time in the name lets a later run delete a leftover (`_cleanup`)
+        self.prefix = f"{cfg.topics.prefix}.doctor-{int(time.time())}-{uuid.uuid4().hex[:8]}"
         self.created: list[str] = []
 
     def reachable(self) -> None:
@@ -370,19 +375,35 @@ class _Prober:
 
     def _retention_off(self, topic: str) -> None:
         try:
-            res = ConfigResource(ResourceType.TOPIC, topic, set_config={"retention.ms": "-1"})
-            for fut in self.admin.alter_configs([res]).values():
-                fut.result(timeout=self.timeout_s)
+            alter_topic_configs(self.admin, [topic], {"retention.ms": -1}, self.timeout_s)
         except Exception:  # noqa: BLE001 - a scratch topic; the probe's answer stands
             log.warning("kwal doctor: could not turn retention off on %s", topic)
 
     def _cleanup(self) -> None:
-        if not self.created:
+        """Delete this run's scratch topics and the retention probe's topics that earlier
+        runs left (`_retention`), once they are older than `LEFTOVER_AGE_S`: by then no
+        segment deletion of theirs can still be pending (file.delete.delay.ms is 60 s)."""
+        doomed = list(self.created) + self._old_leftovers()
+        if not doomed:
             return
         try:
             admin = AdminClient(self.cfg.kafka_client())
-            for fut in admin.delete_topics(self.created, operation_timeout=5).values():
+            for fut in admin.delete_topics(doomed, operation_timeout=5).values():
                 fut.result(timeout=5)
         except Exception:  # noqa: BLE001 - scratch topics may outlive a broker without DeleteTopics
             pass
+
+    def _old_leftovers(self) -> list[str]:
+        head = f"{self.cfg.topics.prefix}.doctor-"
+        try:
+            names = self.admin.list_topics(timeout=self.timeout_s).topics
+        except KafkaException:
+            return []
+        now = time.time()
+        old = []
+        for name in names:
+            stamp = name[len(head):].split("-", 1)[0] if name.startswith(head) else ""
+            if name.endswith(".ret") and stamp.isdigit() and now - int(stamp) > LEFTOVER_AGE_S:
+                old.append(name)
+        return old
 

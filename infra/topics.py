@@ -45,11 +45,17 @@ nodes, and one node may be down without stopping writes (`infra.brokers.kafka_cl
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from confluent_kafka import KafkaException
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import (
+    AdminClient,
+    AlterConfigOpType,
+    ConfigEntry,
+    ConfigResource,
+    NewTopic,
+)
 
 from infra.config import KwalConfig
 
@@ -237,3 +243,24 @@ def _await_metadata(admin: AdminClient, names: list[str], timeout_s: float, wher
                              f"within {timeout_s:.0f}s")
         if todo:
             time.sleep(0.05)
+
+
+def alter_topic_configs(
+    admin: AdminClient, topics: list[str], values: Mapping[str, int | str], timeout_s: float = 10.0
+) -> None:
+    """Set `values` ({"retention.ms": v, ...}) on `topics` (incremental_alter_configs);
+    KafkaException when the broker cannot."""
+    resources = [
+        ConfigResource(
+            ConfigResource.Type.TOPIC,
+            topic,
+            incremental_configs=[
+                ConfigEntry(name, str(value), incremental_operation=AlterConfigOpType.SET)
+                for name, value in values.items()
+            ],
+        )
+        for topic in topics
+    ]
+    futures = admin.incremental_alter_configs(resources, request_timeout=timeout_s)
+    for fut in futures.values():
+        fut.result(timeout=timeout_s)

@@ -170,7 +170,7 @@ def _small_wal_segments(cfg: KwalConfig) -> None:
     WAL_SEGMENT_MS so that the truncated prefix leaves the disk within seconds."""
     from confluent_kafka.admin import AdminClient
 
-    from tn.logstore.kafka_backend.retention import alter_topic_configs
+    from infra.topics import alter_topic_configs
 
     alter_topic_configs(
         AdminClient(cfg.kafka_client()), [cfg.topics.wal], {"segment.ms": WAL_SEGMENT_MS}

@@ -33,6 +33,7 @@ from confluent_kafka.admin import AdminClient
 from infra.config import KwalConfig
 from infra.exceptions import OpsError
 from infra.topic_scan import admin_for, list_topics, read_to_end
+from infra.topics import alter_topic_configs
 from ops.checkpoints import CheckpointInfo, last_checkpoint
 from ops.walscan import WalScan, scan_wal
 from tn.logstore.kafka_backend.exceptions import RetentionUnsafeError
@@ -41,7 +42,6 @@ from tn.logstore.kafka_backend.retention import (
     UNLIMITED,
     Retention,
     SafeRetention,
-    alter_topic_configs,
     check_retention,
     read_retention,
     safe_retention,

@@ -179,7 +179,11 @@ class KafkaNode:
         }
 
     def start(self) -> ServerProcess:
-        """Install (first use), format (first start) and start the node; bounded wait."""
+        """Install (first use), format (first start) and start the node; bounded wait.
+
+        A variant of the node (`infra.brokers.secure`) changes only the hooks below:
+        `prepare` (files the properties name), `format_options`, `description`, `ready`."""
+        self.prepare()
         java, classpath = java_binary(), kafka_classpath()
         self.directory.mkdir(parents=True, exist_ok=True)
         config = self.directory / "server.properties"
@@ -190,7 +194,8 @@ class KafkaNode:
                f"-Dlog4j2.configurationFile={log4j}", "-cp", classpath]
         if not (self.data_dir / "meta.properties").exists():
             fmt = subprocess.run(
-                [*jvm, "kafka.tools.StorageTool", "format", "-t", self.cluster_id or cluster_id(), "-c", str(config)],
+                [*jvm, "kafka.tools.StorageTool", "format", "-t", self.cluster_id or cluster_id(),
+                 "-c", str(config), *self.format_options()],
                 capture_output=True, text=True, timeout=self.timeout_s, check=False,
             )
             if fmt.returncode != 0:
@@ -199,14 +204,28 @@ class KafkaNode:
                     + "\n".join((fmt.stdout + fmt.stderr).splitlines()[-20:])
                 )
         self.process = start_server(
-            f"kafka broker (Apache Kafka {KAFKA_VERSION})",
+            self.description(),
             [*jvm, "kafka.Kafka", str(config)],
             self.address,
             self.directory / "broker.log",
-            ready=lambda: metadata_ok(self.address),
+            ready=self.ready,
             timeout_s=self.timeout_s,
         )
         return self.process
+
+    def prepare(self) -> None:
+        """Before the properties are written: nothing for a plaintext node."""
+
+    def format_options(self) -> list[str]:
+        """Extra `kafka-storage format` options (the first start only)."""
+        return []
+
+    def description(self) -> str:
+        return f"kafka broker (Apache Kafka {KAFKA_VERSION})"
+
+    def ready(self) -> bool:
+        """Is the node serving? Polled until true or `timeout_s`."""
+        return metadata_ok(self.address)
 
     def alive(self) -> bool:
         return self.process is not None and self.process.alive()

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import datetime
 import ipaddress
-import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,15 +42,9 @@ from confluent_kafka.admin import (
 )
 
 from infra.brokers.apache_kafka import (
-    HEAP,
     KAFKA_VERSION,
-    LOG4J2,
     KafkaNode,
-    cluster_id,
-    java_binary,
-    kafka_classpath,
 )
-from infra.processes import ServerProcess, ServerStartError, start_server
 
 MECHANISM = "SCRAM-SHA-512"
 ADMIN_USER = "admin"
@@ -192,38 +185,20 @@ class SecureKafkaNode(KafkaNode):
     def admin_config(self) -> dict[str, str]:
         return self.client_config(ADMIN_USER, self.admin_password)
 
-    def start(self) -> ServerProcess:
-        """1. certificates, 2. format with the admin user (first start), 3. start; bounded
-        wait until the admin user's Metadata request names a broker."""
+    def prepare(self) -> None:
+        """The certificates the properties name (made once, kept across restarts)."""
         self.certs = make_certs(self.cert_dir.resolve())
-        self.directory.mkdir(parents=True, exist_ok=True)
-        config = self.directory / "server.properties"
-        config.write_text("".join(f"{k}={v}\n" for k, v in self.properties().items()))
-        log4j = self.directory / "log4j2.properties"
-        log4j.write_text(LOG4J2)
-        jvm = [java_binary(), *HEAP.split(), "-XX:+UseG1GC", "-Djava.awt.headless=true",
-               f"-Dlog4j2.configurationFile={log4j}", "-cp", kafka_classpath()]
-        if not (self.data_dir / "meta.properties").exists():
-            scram = f"{MECHANISM}=[name={ADMIN_USER},password={self.admin_password}]"
-            fmt = subprocess.run(
-                [*jvm, "kafka.tools.StorageTool", "format", "-t", cluster_id(), "-c", str(config),
-                 "--add-scram", scram],
-                capture_output=True, text=True, timeout=self.timeout_s, check=False,
-            )
-            if fmt.returncode != 0:
-                raise ServerStartError(
-                    f"formatting Kafka storage {self.data_dir} failed (exit {fmt.returncode}):\n"
-                    + "\n".join((fmt.stdout + fmt.stderr).splitlines()[-20:])
-                )
-        self.process = start_server(
-            f"secure kafka broker (Apache Kafka {KAFKA_VERSION}, SASL_SSL)",
-            [*jvm, "kafka.Kafka", str(config)],
-            self.address,
-            self.directory / "broker.log",
-            ready=lambda: can_log_in(self.admin_config, timeout_s=2.0),
-            timeout_s=self.timeout_s,
-        )
-        return self.process
+
+    def format_options(self) -> list[str]:
+        """The admin user exists from the first start: the node itself logs in with it."""
+        return ["--add-scram", f"{MECHANISM}=[name={ADMIN_USER},password={self.admin_password}]"]
+
+    def description(self) -> str:
+        return f"secure kafka broker (Apache Kafka {KAFKA_VERSION}, SASL_SSL)"
+
+    def ready(self) -> bool:
+        """The admin user's Metadata request names a broker."""
+        return can_log_in(self.admin_config, timeout_s=2.0)
 
 
 def create_scram_users(

@@ -19,6 +19,7 @@ from producers import TimeoutError as ClientTimeout
 from tests.conftest import unique
 from tests.faults.broker import RestartableBroker
 from tests.service.harness import recover_engine
+from tests.waiting import wait_until
 from tn.service.process import TnProcess
 
 COMMIT_TIMEOUT_S = 15  # well above the outage (3 s) and the TN's reconnect
@@ -78,18 +79,17 @@ def _load_through_an_outage(
             threads = [threading.Thread(target=load, args=(w,), daemon=True) for w in range(4)]
             for th in threads:
                 th.start()
-            time.sleep(1.5)
-            with lock:
-                before_outage = len(acked)
-            broker.stop()
-            time.sleep(outage_s)
-            broker.restart()
-            deadline = time.monotonic() + 60
-            while time.monotonic() < deadline:
+            def acks() -> int:
                 with lock:
-                    if len(acked) > before_outage + 50:
-                        break
-                time.sleep(0.2)
+                    return len(acked)
+
+            wait_until("20 commits acknowledged before the outage", lambda: acks() >= 20)
+            before_outage = acks()
+            broker.stop()
+            time.sleep(outage_s)  # the outage itself: the broker stays away this long
+            broker.restart()
+            wait_until("50 more commits acknowledged after the broker came back",
+                       lambda: acks() > before_outage + 50)
             stop.set()
             for th in threads:
                 th.join(timeout=90)

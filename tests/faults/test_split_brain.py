@@ -25,7 +25,7 @@ import signal
 import threading
 import time
 from collections import defaultdict
-from concurrent.futures import Future
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -76,7 +76,8 @@ def _load(client: Client, out: Outcomes, stop: threading.Event) -> None:
     while not stop.is_set():
         window = [f for f in window if not f.done()]
         if len(window) >= IN_FLIGHT:
-            time.sleep(0.002)
+            # the window is full: wait for a commit to finish (bounded, to see `stop`)
+            wait(window, timeout=0.1, return_when=FIRST_COMPLETED)
             continue
         with out.lock:
             row = out.next_id

@@ -23,7 +23,7 @@ from confluent_kafka.admin import AdminClient
 from infra.config import KwalConfig, ObjectStoreConfig
 from infra.objectstore import S3Store, open_store
 from infra.processes import free_port
-from infra.topics import TopicSpec, ensure_topics, logtail_topic
+from infra.topics import TopicSpec, alter_topic_configs, ensure_topics, logtail_topic
 from ops import retention as ops_retention
 from tests.checkpoint.helpers import create, insert, reads
 from tests.lifecycle.conftest import starts
@@ -35,7 +35,7 @@ from tn.engine import Engine
 from tn.logstore.driver import LogStore
 from tn.logstore.kafka_backend import KafkaDriver
 from tn.logstore.kafka_backend.exceptions import AcknowledgedEntryLostError
-from tn.logstore.kafka_backend.retention import alter_topic_configs, read_retention
+from tn.logstore.kafka_backend.retention import read_retention
 
 
 def _args(**kw: Any) -> argparse.Namespace:

@@ -23,6 +23,7 @@ from ops import status as ops_status
 from ops import truncate as ops_truncate
 from ops.walscan import scan_wal
 from schemas.logtail import HEARTBEAT_KEY, Heartbeat, LogtailRecord, encode_logtail
+from tests.waiting import wait_until
 from tn.checkpoint.manifest import Manifest
 from tn.logstore.driver import LogStore
 from tn.logstore.kafka_backend import KafkaDriver
@@ -388,3 +389,28 @@ def test_recording_a_lower_point_keeps_the_newest_record_at_the_maximum(cfg: Kwa
     )
     assert [json.loads(v)["lsn"] for v in values] == [15, 12, 15]
     assert scan_wal(cfg).truncated == 15
+
+
+def test_doctor_deletes_old_retention_probe_topics_and_keeps_recent_ones(cfg: KwalConfig) -> None:
+    """The retention probe leaves its topic behind (deleting it at once can race Kafka's
+    segment deletion); the next run deletes such leftovers once they are old."""
+    from confluent_kafka.admin import NewTopic
+
+    from infra import capabilities
+
+    now = int(time.time())
+    old = f"{cfg.topics.prefix}.doctor-{now - capabilities.LEFTOVER_AGE_S - 60}-0a0b0c0d.ret"
+    recent = f"{cfg.topics.prefix}.doctor-{now - 5}-0e0f0a0b.ret"
+    other = f"{cfg.topics.prefix}.doctor-{now - capabilities.LEFTOVER_AGE_S - 60}-0a0b0c0d.del"
+    admin = AdminClient(cfg.kafka_client())
+    for fut in admin.create_topics([NewTopic(t, 1, 1) for t in (old, recent, other)]).values():
+        fut.result(timeout=30)
+    prober = capabilities._Prober(cfg, timeout_s=10)
+    assert prober._old_leftovers() == [old]
+    prober._cleanup()
+
+    def topics() -> set[str]:
+        return set(admin.list_topics(timeout=10).topics)
+
+    wait_until(f"{old} deleted", lambda: old not in topics())
+    assert {recent, other} <= topics()

@@ -24,7 +24,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
+from confluent_kafka.admin import AdminClient, ConfigResource
 
 from tn.logstore.kafka_backend.exceptions import RetentionUnsafeError
 from tn.logstore.kafka_backend.replay import RecordInfo
@@ -133,22 +133,3 @@ def check_retention(topic: str, retention: Retention, safe: SafeRetention) -> Re
     return RetentionCheck(ok=True)
 
 
-def alter_topic_configs(
-    admin: AdminClient, topics: list[str], values: dict[str, int], timeout_s: float = 10.0
-) -> None:
-    """Set `values` ({"retention.ms": v, ...}) on `topics` (incremental_alter_configs);
-    KafkaException when the broker cannot."""
-    resources = [
-        ConfigResource(
-            ConfigResource.Type.TOPIC,
-            topic,
-            incremental_configs=[
-                ConfigEntry(name, str(value), incremental_operation=AlterConfigOpType.SET)
-                for name, value in values.items()
-            ],
-        )
-        for topic in topics
-    ]
-    futures = admin.incremental_alter_configs(resources, request_timeout=timeout_s)
-    for fut in futures.values():
-        fut.result(timeout=timeout_s)

@@ -43,10 +43,10 @@ from typing import Any
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient
 
+from infra.topics import alter_topic_configs
 from tn.logstore.kafka_backend.retention import (
     UNLIMITED,
     SafeRetention,
-    alter_topic_configs,
     read_retention,
 )
 
