@@ -161,7 +161,7 @@ class ClientConfig:
 
 @dataclass
 class CnConfig:
-    """A Python CN's reads (`consumers.core`, docs/memory-cn.md): the objects it reads
+    """A Python CN's reads (`consumers.core`, docs/cn-memory.md): the objects it reads
     (block and delta Parquet objects) go through an LRU cache of at most `cache_bytes`
     (Arrow bytes of the decoded data); an object is read and streamed `read_batch_rows`
     rows at a time."""

@@ -243,7 +243,7 @@ class CNCore:
     def rows_in_memory(self) -> int:
         """Rows this CN holds: in-memory inserts of every table version, plus the block
         objects' rows in its cache. Bounded by the rows since the last flush of each
-        block plus `cache_bytes` (docs/memory-cn.md)."""
+        block plus `cache_bytes` (docs/cn-memory.md)."""
         with self._lock:
             held = sum(v.rows_in_memory() for vs in self.tables.values() for v in vs)
         return held + self.blocks.rows()

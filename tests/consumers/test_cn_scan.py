@@ -5,6 +5,7 @@ on the session's Kafka broker, a folder store."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 from collections.abc import Iterator
@@ -19,6 +20,7 @@ from consumers.core.table_state import TableState
 from infra.config import KwalConfig
 from infra.objectstore import FolderStore
 from ops import cli
+from ops.bench.cn_read import measure_cn_read
 from schemas.arrow_ipc import table_to_ipc
 from schemas.logtail import COMMIT_TS, ROW_ID, BlockMeta, Changes, make_row_id
 from schemas.wal import ColumnDef, ColumnType, TableSchema
@@ -121,6 +123,18 @@ def test_kwal_cn_query_writes_the_snapshot(
     expected = tn.engine.read("db", "a", stamps[-1]).to_pylist()
     assert len(expected) > 500 and got == expected
     assert f"({len(expected)} rows as of ts {stamps[-1]})" in err
+
+
+def test_measure_cn_read_reads_the_whole_table(tn: Tn, kwal_config: KwalConfig, tmp_path: Path) -> None:
+    """The bench's CN process (`kwal bench cn-read`, `kwal bench scale`) catches up with
+    the TN and reads every row of the table."""
+    stamps = history(tn)
+    assert tn.logtail.publisher.flush(20)
+    store = dataclasses.replace(kwal_config.objectstore, url=f"file://{tmp_path / 'objects'}")
+    got = measure_cn_read(dataclasses.replace(kwal_config, objectstore=store), TABLE, timeout_s=60)
+    assert got["cn_read_rows"] == tn.engine.read("db", "a", stamps[-1]).num_rows > 500
+    assert got["cn_read_ts"] >= stamps[-1]
+    assert got["cn_rss_mb_before_read"] > 0 and got["cn_read_peak_rss_growth_mb"] >= 0
 
 
 SCHEMA = TableSchema((ColumnDef(1, "id", ColumnType.INT64), ColumnDef(2, "v", ColumnType.STRING)), "id")
