@@ -36,6 +36,10 @@ BATCH_ROWS = 1000
 @pytest.fixture
 def tn(kwal_config: KwalConfig, tmp_path: Path) -> Iterator[Tn]:
     tn = start_tn(kwal_config, FolderStore(tmp_path / "objects"))
+    # `history` checkpoints without waiting for the CN, which may then lag by more than a
+    # checkpoint on a loaded machine: the logtail is not truncated (a truncated CN
+    # bootstraps again, lifecycle-cn.md, and could no longer read the old ts checked here)
+    tn.runner.truncate_logtail = None
     yield tn
     tn.close()
 
