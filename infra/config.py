@@ -160,6 +160,17 @@ class ClientConfig:
 
 
 @dataclass
+class CnConfig:
+    """A Python CN's reads (`consumers.core`, docs/cn-memory.md): the objects it reads
+    (block and delta Parquet objects) go through an LRU cache of at most `cache_bytes`
+    (Arrow bytes of the decoded data); an object is read and streamed `read_batch_rows`
+    rows at a time."""
+
+    cache_bytes: int = 64 << 20
+    read_batch_rows: int = 65536
+
+
+@dataclass
 class CompactionConfig:
     """The TN's scheduled compaction (tn.checkpoint.policy, docs/compaction.md): a table's
     flushed blocks are merged when `min_small_blocks` of them hold at most `small_rows`
@@ -244,6 +255,7 @@ class KwalConfig:
     security: SecurityConfig = field(default_factory=SecurityConfig)
     change_stream: ChangeStreamConfig = field(default_factory=ChangeStreamConfig)
     client: ClientConfig = field(default_factory=ClientConfig)
+    cn: CnConfig = field(default_factory=CnConfig)
     stack: StackConfig = field(default_factory=StackConfig)
     bootstrap_explicit: bool = False  # set when a file or the environment named bootstrap.servers
 

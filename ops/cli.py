@@ -94,6 +94,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="warm-up queries before the measured one (default: until the "
                         "JVM's CPU per query is steady, ops.bench.spark.WARMUP_QUERIES)")
 
+    bcnread = _command(bench, "cn-read", "ops.bench.cn_read:run",
+                       "a CN's peak memory while it streams a whole table larger than its cache")
+    bcnread.add_argument("--rows", type=int, default=8_000_000, help="rows loaded into the table")
+
     ckpt = sub.add_parser("checkpoint", help="checkpoints").add_subparsers(dest="ckpt_command", required=True)
     now = _command(ckpt, "now", "tn.checkpoint.commands:run_now", "take a checkpoint now (TN stopped)")
     now.add_argument("--json", action="store_true")

@@ -51,7 +51,7 @@ from collections.abc import Callable, Iterable
 import pyarrow as pa
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
-from consumers.core.block_cache import DEFAULT_MAX_BYTES, BlockCache
+from consumers.core.block_cache import DEFAULT_BATCH_ROWS, DEFAULT_MAX_BYTES, BlockCache
 from consumers.core.exceptions import (
     AboveWatermarkError,
     BelowHorizonError,
@@ -59,6 +59,7 @@ from consumers.core.exceptions import (
     NotSubscribedError,
     TableNotFoundError,
 )
+from consumers.core.scan import Scan
 from consumers.core.table_state import BlockObject, TableState
 from infra.config import KwalConfig
 from infra.kafka_io import FETCH_WAIT_MS, poll_batch
@@ -93,10 +94,12 @@ class CNCore:
         tables: Iterable[str],
         load: Callable[[str], bytes] | None = None,
         cache_bytes: int = DEFAULT_MAX_BYTES,
+        batch_rows: int = DEFAULT_BATCH_ROWS,
     ) -> None:
-        """`cache_bytes`: how much of the block objects read it keeps (`BlockCache`)."""
+        """`cache_bytes`: how much of the objects read it keeps; `batch_rows`: the rows
+        of an object decoded at a time (`BlockCache`)."""
         self.subscribed = {t for t in tables}
-        self.blocks = BlockCache(load or _no_store, cache_bytes)
+        self.blocks = BlockCache(load or _no_store, cache_bytes, batch_rows)
         self._lock = threading.Condition()
         self.tables: dict[str, list[TableState]] = {}  # name -> versions (by table id)
         self.marks: dict[str, int] = {}  # name -> its topic's watermark
@@ -249,7 +252,15 @@ class CNCore:
         return any(v.create_ts for v in self.tables.get(table, ()))
 
     def snapshot(self, table: str, ts: int | None = None) -> pa.Table:
-        """The table as of `ts` (default: the table's watermark)."""
+        """The table as of `ts` (default: the table's watermark), sorted by primary key:
+        `scan`, collected (the whole table in memory; stream `scan` for a large one)."""
+        return self.scan(table, ts).collect()
+
+    def scan(self, table: str, ts: int | None = None) -> Scan:
+        """The table as of `ts` (default: the table's watermark) as a stream of Arrow record
+        batches in storage order (`consumers.core.scan`): what it holds at a time is one
+        batch plus the object cache. The checks (watermark, horizon, the table exists at
+        ts) are made here, at once; the rows are read as the scan is iterated."""
         with self._lock:
             mark = self._watermark(table)
             ts = mark if ts is None else ts
@@ -264,7 +275,7 @@ class CNCore:
                 )
             for state in self.tables.get(table, ()):
                 if state.create_ts and state.alive_at(ts):
-                    return state.snapshot(ts, self.blocks.read)
+                    return state.scan(ts, self.blocks)
             raise TableNotFoundError(f"table {table} does not exist at ts {ts}")
 
     def wait_for(self, ts: int, table: str | None = None, timeout_s: float = 10.0) -> bool:
@@ -318,13 +329,19 @@ class CN(CNCore):
         commit_interval_s: float = 1.0,
         bootstrap: bool = True,
         metrics_port: int = 0,
-        cache_bytes: int = DEFAULT_MAX_BYTES,
+        cache_bytes: int | None = None,
     ) -> None:
         """With a `store` (and `bootstrap`), start from its newest checkpoint (Pull);
         without one, read every topic from its first record. `metrics_port`: serve this
         process's metrics (`infra.metrics`) on 127.0.0.1 at that port (0: the process
-        serves them itself, or not at all). `cache_bytes`: see `BlockCache`."""
-        super().__init__(tables, store.get if store is not None else None, cache_bytes)
+        serves them itself, or not at all). `cache_bytes`: see `BlockCache` (default:
+        the config's `[cn] cache_bytes`)."""
+        super().__init__(
+            tables,
+            store.get if store is not None else None,
+            cfg.cn.cache_bytes if cache_bytes is None else cache_bytes,
+            cfg.cn.read_batch_rows,
+        )
         self.cfg = cfg
         self.store = store
         self._bootstrap = bootstrap

@@ -70,30 +70,36 @@ def run_tail(args: Any, cfg: KwalConfig) -> int:
 
 def run_query(args: Any, cfg: KwalConfig) -> int:
     """The table as of `--ts`, or, without it, as of the watermark the CN reaches once it
-    has read everything its topics held at the start (`CN.catch_up`)."""
+    has read everything its topics held at the start (`CN.catch_up`).
+
+    The rows are written as they are read (`CN.scan`: batch by batch, in storage order,
+    not sorted), so a table larger than memory can be queried; the CN stops following its
+    topics before the read (the scan needs only the object store and what it holds)."""
     store = open_store(cfg.objectstore)
     cn = CN(cfg, [args.table], store).start()
     ts: int | None = args.ts or None
     try:
-        if ts is None:
-            reached = cn.catch_up(args.timeout)
-            target = "the end of its topics"
-        else:
-            reached = cn.wait_for(ts, args.table, timeout_s=args.timeout)
-            target = f"ts {ts}"
-        if not reached:
-            print(f"kwal cn query: {args.table} did not reach {target} within {args.timeout}s "
-                  f"(watermark {cn.watermark(args.table)})", file=sys.stderr)
-            return 1
-        if ts is None:
-            ts = cn.watermark(args.table)
-        snap = cn.snapshot(args.table, ts)
-    except (CNError, KafkaException) as e:
-        print(f"kwal cn query: {e}", file=sys.stderr)
+        try:
+            if ts is None:
+                reached = cn.catch_up(args.timeout)
+                target = "the end of its topics"
+            else:
+                reached = cn.wait_for(ts, args.table, timeout_s=args.timeout)
+                target = f"ts {ts}"
+            if not reached:
+                print(f"kwal cn query: {args.table} did not reach {target} within {args.timeout}s "
+                      f"(watermark {cn.watermark(args.table)})", file=sys.stderr)
+                return 1
+            scan = cn.scan(args.table, ts)
+        finally:
+            cn.close()
+        as_json = bool(getattr(args, "json", False))
+        for batch in scan:
+            lines = [json.dumps(row, default=str) if as_json else str(row) for row in batch.to_pylist()]
+            sys.stdout.write("\n".join(lines) + "\n")
+        sys.stdout.flush()
+    except (CNError, KafkaException, OSError) as e:
+        print(f"kwal cn query: {type(e).__name__}: {e}", file=sys.stderr)
         return 1
-    finally:
-        cn.close()
-    for row in snap.to_pylist():
-        print(json.dumps(row, default=str) if getattr(args, "json", False) else row)
-    print(f"({snap.num_rows} rows as of ts {ts})", file=sys.stderr)
+    print(f"({scan.rows} rows as of ts {scan.ts})", file=sys.stderr)
     return 0

@@ -18,20 +18,22 @@ belong to the topic (the name), so they live in the CN (`CNCore`).
 
 A BlockMeta for a known block is applied once.
 
-`snapshot(ts)` = (object blocks alive at ts + in-memory rows), rows with
-commit ts <= ts, minus rows deleted at or before ts, projected onto the schema
-at ts and sorted by primary key.
+`scan(ts)` = (object blocks alive at ts + in-memory rows), rows with commit
+ts <= ts, minus rows deleted at or before ts, projected onto the schema at ts,
+streamed batch by batch (`consumers.core.scan`); `snapshot(ts)` collects it and
+sorts by primary key.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from consumers.core.block_cache import BlockCache
 from consumers.core.exceptions import TableNotFoundError
+from consumers.core.scan import Scan
 from schemas.arrow_ipc import arrow_schema, ipc_to_table
 from schemas.logtail import COMMIT_TS, ROW_ID, BlockMeta, Changes, row_block
 from schemas.wal import TableSchema
@@ -117,54 +119,26 @@ class TableState:
         """Rows this version holds in memory (inserts not yet dropped by a BlockMeta)."""
         return sum(b.num_rows for b in self.inserts)
 
-    def snapshot(self, ts: int, read: Callable[[str], pa.Table]) -> pa.Table:
-        """`read`: an object's rows (`BlockCache.read`)."""
+    def scan(self, ts: int, cache: BlockCache) -> Scan:
+        """A streamed read as of ts (`consumers.core.scan`); call it under the CN's lock,
+        read the `Scan` without it."""
         if not self.alive_at(ts):
             raise TableNotFoundError(f"table {self.database}.{self.name} does not exist at ts {ts}")
         schema = self.schema_at(ts)
-        target = arrow_schema(schema)
-        parts: list[pa.Table] = []
-        deleted: dict[int, int] = {r: t for r, t in self.deletes.items() if t <= ts}
-        for block in self.blocks.values():
-            meta = block.meta
-            if not meta.alive_at(ts):
-                continue
-            parts.append(read(meta.meta_loc))
-            if meta.delta_loc:
-                dels = read(meta.delta_loc)
-                d = dels.filter(pc.less_equal(dels.column(COMMIT_TS), ts))
-                for r, t in zip(d.column(ROW_ID).to_pylist(), d.column(COMMIT_TS).to_pylist(), strict=True):
-                    deleted.setdefault(r, t)
-        parts.extend(self.inserts)
-        rows = [_project(p.filter(pc.less_equal(p.column(COMMIT_TS), ts)), target) for p in parts]
-        table = pa.concat_tables(rows) if rows else target.empty_table().append_column(
-            ROW_ID, pa.array([], pa.int64())
+        by_block: dict[int, list[int]] = {}
+        for r, t in self.deletes.items():
+            if t <= ts:
+                by_block.setdefault(row_block(r), []).append(r)
+        return Scan(
+            ts=ts,
+            table_schema=schema,
+            schema=arrow_schema(schema),
+            blocks=[b.meta for b in self.blocks.values() if b.meta.alive_at(ts)],
+            tail=list(self.inserts),
+            memory_deletes={b: pa.array(rs, pa.int64()) for b, rs in by_block.items()},
+            cache=cache,
         )
-        if deleted:
-            mask = pc.invert(pc.is_in(table.column(ROW_ID), pa.array(list(deleted), pa.int64())))
-            table = table.filter(mask)
-        # The same row can be both in an object and (not yet dropped) in memory.
-        table = _unique_rows(table)
-        table = table.drop_columns([ROW_ID])
-        return table.sort_by([(schema.primary_key, "ascending")])
 
-
-def _project(batch: pa.Table, target: pa.Schema) -> pa.Table:
-    """The batch's rows with exactly `target`'s columns (+ row id); missing columns null."""
-    cols = [batch.column(ROW_ID)]
-    for f in target:
-        if f.name in batch.column_names:
-            cols.append(batch.column(f.name).cast(f.type))
-        else:
-            cols.append(pa.nulls(batch.num_rows, f.type))
-    return pa.table(cols, schema=pa.schema([pa.field(ROW_ID, pa.int64()), *target]))
-
-
-def _unique_rows(table: pa.Table) -> pa.Table:
-    if table.num_rows == 0:
-        return table
-    ids = table.column(ROW_ID)
-    if pc.count_distinct(ids).as_py() == table.num_rows:
-        return table
-    first = pc.index_in(pc.unique(ids), ids)
-    return table.take(first)
+    def snapshot(self, ts: int, cache: BlockCache) -> pa.Table:
+        """The whole table as of ts, sorted by primary key: the scan, collected."""
+        return self.scan(ts, cache).collect()

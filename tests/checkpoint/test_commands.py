@@ -72,7 +72,7 @@ def test_cn_reads_checkpoint_objects(tmp_path: Path):
         assert isinstance(meta, BlockMeta)
         state.apply_block_meta(meta)
     for ts in (m.ts, t.create_ts + 1):
-        assert state.snapshot(ts, BlockCache(store.get).read).to_pylist() == eng.read("db", "t", ts).to_pylist()
+        assert state.snapshot(ts, BlockCache(store.get)).to_pylist() == eng.read("db", "t", ts).to_pylist()
     shutdown(eng)
 
 
@@ -103,5 +103,5 @@ def test_cn_follows_compaction_and_large_transaction(tmp_path: Path):
         if isinstance(rec.body, BlockMeta):
             state.apply_block_meta(rec.body)
     for at in ts[1:]:
-        assert state.snapshot(at, BlockCache(store.get).read).to_pylist() == eng.read("db", "t", at).to_pylist()
+        assert state.snapshot(at, BlockCache(store.get)).to_pylist() == eng.read("db", "t", at).to_pylist()
     shutdown(eng)

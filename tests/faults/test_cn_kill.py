@@ -66,7 +66,8 @@ def test_cn_killed_and_restarted_agrees_with_tn(kwal_config: KwalConfig) -> None
                 env=env, capture_output=True, text=True, timeout=120,
             )
             assert res.returncode == 0, res.stderr
-            got = [json.loads(line) for line in res.stdout.splitlines()]
+            # rows come in storage order (`kwal cn query` streams them): compare by key
+            got = sorted((json.loads(line) for line in res.stdout.splitlines()), key=lambda r: r["id"])
             assert got == engine.read("db", "t", ts).to_pylist(), ts
     finally:
         if child is not None and child.poll() is None:
