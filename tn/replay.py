@@ -16,7 +16,7 @@ from typing import Any
 
 from schemas.arrow_ipc import ipc_to_table
 from schemas.codec import decode_entry
-from schemas.wal import Append, CatalogKind, Delete, UpdateCatalog, WalEntry
+from schemas.wal import Append, CatalogKind, Delete, TableSchema, UpdateCatalog, WalEntry
 from tn.catalog.catalog import Catalog
 from tn.catalog.nodes import ABORTED_TS, MAX_TS, BlockNode, DatabaseNode, SegmentNode, TableNode
 from tn.logstore.driver import LogRecord
@@ -53,13 +53,11 @@ def apply_entry(cat: Catalog, entry: WalEntry) -> int:
             max_id = max(max_id, d.db_id, d.table_id, d.segment_id, d.block_id)
             _apply_catalog(cat, cmd, cts)
         elif isinstance(cmd, Append):
-            batch = ipc_to_table(cmd.batch, validate=False)
             if not cmd.infos:
                 continue
             t = _node(cat, cmd.infos[0].dest.table_id, TableNode)
             schema = t.schemas[-1][1]
-            cols = columns_of(schema, batch)
-            keys = batch.column(schema.primary_key).to_pylist()
+            cols, keys = _columns(cmd.batch, schema)
             ins = inserts.setdefault(t, [])
             for info in cmd.infos:
                 blk = _node(cat, info.dest.block_id, BlockNode)
@@ -91,6 +89,26 @@ def apply_entry(cat: Catalog, entry: WalEntry) -> int:
     for t in set(inserts) | set(deletes):
         t.mem.index_commit(inserts.get(t, []), deletes.get(t, []), cts)
     return max_id
+
+
+# The last batch's columns (`_columns`): since WAL record format 2 the entries of a record
+# share one batch, which is read and turned into Python lists once, not once per entry.
+_last: tuple[bytes, TableSchema, dict[int, list[Any]], list[Any]] | None = None
+
+
+def _columns(data: bytes, schema: TableSchema) -> tuple[dict[int, list[Any]], list[Any]]:
+    """An Append batch's columns by column id, and its primary keys, for `schema`."""
+    global _last
+    last = _last
+    if last is not None and last[0] is data and last[1] is schema:
+        return last[2], last[3]
+    batch = ipc_to_table(data, validate=False)
+    cols = columns_of(schema, batch)
+    keys = cols.get(schema.column(schema.primary_key).column_id)
+    if keys is None:
+        keys = batch.column(schema.primary_key).to_pylist()
+    _last = (data, schema, cols, keys)
+    return cols, keys
 
 
 def _node(cat: Catalog, node_id: int, kind: type) -> Any:

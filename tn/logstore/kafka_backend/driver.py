@@ -81,6 +81,7 @@ from infra.config import KwalConfig
 from infra.kafka_io import RecordDeleter
 from infra.kafka_txn import TxnBus, TxnChannel, is_fenced
 from infra.topics import ensure_topics, wal_topics
+from schemas.wal_record import RECORD_V2, check_version
 from tn.logstore.driver import LogClosedError, LogDriver, LogRecord
 from tn.logstore.kafka_backend.exceptions import (
     AppendFailedError,
@@ -91,8 +92,8 @@ from tn.logstore.kafka_backend.exceptions import (
 )
 from tn.logstore.kafka_backend.headers import (
     HeaderError,
-    decode_entries,
     decode_headers,
+    decode_value,
     epoch_headers,
 )
 from tn.logstore.kafka_backend.kio import Pump, produce_wait, read_until, reader_conf
@@ -146,12 +147,15 @@ class KafkaDriver(LogDriver):
         retention_policy: RetentionPolicy = "refuse",
         create_topics: bool = True,
         open_timeout_s: float = 30.0,
+        record_version: int = RECORD_V2,
     ) -> None:
         self.cfg = cfg
         self.topic = cfg.topics.wal
         self.writer_id = writer_id or uuid.uuid4().hex[:16]
         self._timeout = cfg.wal.append_timeout_s
         self._open_timeout = open_timeout_s
+        check_version(record_version, "to write")
+        self._record_version = record_version
         self._reader_base = cfg.kafka_client()
         self._reader: Consumer | None = None
         self._read_lock = threading.Lock()  # the reader consumer is not shared
@@ -278,6 +282,7 @@ class KafkaDriver(LogDriver):
                 max_in_flight=max_in_flight,
                 append_timeout_s=cfg.wal.append_timeout_s,
                 kick=self.bus.kick if self.bus is not None else None,
+                record_version=self._record_version,
             ),
         )
         if self.bus is not None:
@@ -309,7 +314,9 @@ class KafkaDriver(LogDriver):
             try:
                 header = decode_headers(msg.headers())
                 value = msg.value() or b""
-                payloads = tuple(decode_entries(value, header.count)) if header.count else ()
+                # an unknown version or a garbled value stops the opening (never skipped)
+                where = f"{self.topic}/{msg.partition()}@{msg.offset()}"
+                payloads = decode_value(header, value, where)
             except HeaderError as e:
                 log.warning(
                     "WAL %s: skipping foreign record at %s/%s: %s",
@@ -459,7 +466,8 @@ class KafkaDriver(LogDriver):
             if msg.partition() != seg.partition or msg.offset() != seg.offset:
                 continue
             header = decode_headers(msg.headers())
-            payloads = decode_entries(msg.value() or b"", header.count)
+            where = f"{self.topic}/{seg.partition}@{seg.offset}"
+            payloads = decode_value(header, msg.value() or b"", where)
             return {header.first + i: p for i, p in enumerate(payloads)}
         raise ReplayTimeoutError(
             f"cannot read WAL record {seg.partition}/{seg.offset} of {self.topic}"
