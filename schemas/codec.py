@@ -330,11 +330,6 @@ def txn_in(t: dict[str, Any]) -> TxnContext:
     return TxnContext(t["start_ts"], t["commit_ts"], tuple(_dest_in(d) for d in t["memo"]))
 
 
-def dest_in(d: dict[str, int]) -> Dest:
-    """A `Dest` from its record."""
-    return _dest_in(d)
-
-
 def entry_to_record(entry: WalEntry, lsn: int | None = None) -> dict[str, Any]:
     """The ``wal_entry`` dict of an entry (commands as ``(full_name, dict)`` tuples),
     with `lsn` in place of ``entry.lsn`` when given."""

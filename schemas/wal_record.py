@@ -34,13 +34,12 @@ from schemas.codec import (
     EncodedEntry,
     command_in,
     decode_record,
-    dest_in,
     encode_record,
     entry_to_record,
-    txn_in,
+    schema_of,
 )
 from schemas.exceptions import CodecError, DecodeError, UnsupportedFormatError
-from schemas.wal import Append, AppendInfo, WalEntry
+from schemas.wal import Append, AppendInfo, Dest, TxnContext, WalEntry
 
 RECORD_V1 = 1
 RECORD_V2 = 2
@@ -111,7 +110,7 @@ class _Batches:
 
     def add(self, stream: bytes, command: dict[str, Any]) -> None:
         split = split_stream(stream)
-        if split is None or not split[1]:  # not framed as expected: decode, re-encode
+        if split is None:  # not framed as expected: decode, re-encode
             split = split_stream(table_to_ipc(ipc_to_table(stream).combine_chunks()))
             if split is None:
                 raise CodecError("cannot re-encode an Append's batch as one IPC stream")
@@ -135,7 +134,7 @@ class _Batches:
         ):
             table = ipc_to_table(join_stream(head, bodies), validate=False)
             batches = table.to_batches()
-            if len(batches) == len(bodies):  # every body was one batch message (non-empty)
+            if all(bodies) and len(batches) == len(bodies):  # then each body is one batch
                 counts = [b.num_rows for b in batches]
             else:  # some stream held several batches: count each one's rows
                 counts = [ipc_to_table(s, validate=False).num_rows for s in streams]
@@ -183,17 +182,20 @@ def decode_v2(value: bytes, first: int, count: int, where: str = "") -> list[Wal
         if len(records) != count:
             raise DecodeError(f"holds {len(records)} entries, its header says {count}")
         rows = [-1] * len(streams)  # each batch's row count, once asked
+        dests = _Dests()
         out = []
         for i, record in enumerate(records):
             if record["lsn"] != first + i:
                 raise DecodeError(f"entry {i} carries LSN {record['lsn']}, expected {first + i}")
             commands = tuple(
-                _append_in(command, streams, rows)
+                _append_in(command, streams, rows, dests)
                 if name == _APPEND_V2
                 else command_in(_V1_NS + name[len(_V2_NS) :], command)
                 for name, command in record["commands"]
             )
-            out.append(WalEntry(record["lsn"], txn_in(record["txn"]), commands))
+            t = record["txn"]
+            txn = TxnContext(t["start_ts"], t["commit_ts"], tuple(map(dests.get, t["memo"])))
+            out.append(WalEntry(record["lsn"], txn, commands))
         return out
     except (KeyError, TypeError, ValueError, IndexError) as e:
         raise DecodeError(
@@ -203,7 +205,21 @@ def decode_v2(value: bytes, first: int, count: int, where: str = "") -> list[Wal
         raise DecodeError(f"WAL record {where} (version 2): {e}") from e
 
 
-def _append_in(command: dict[str, Any], streams: list[bytes], rows: list[int]) -> Append:
+class _Dests(dict[tuple[int, int, int, int], Dest]):
+    """The `Dest`s of one record, each made once: a record's entries name the same few
+    blocks over and over, and a `Dest` costs more to build than to look up."""
+
+    def get(self, d: dict[str, int]) -> Dest:  # type: ignore[override]
+        key = (d["db_id"], d["table_id"], d["segment_id"], d["block_id"])
+        dest = dict.get(self, key)
+        if dest is None:
+            dest = self[key] = Dest(*key)
+        return dest
+
+
+def _append_in(
+    command: dict[str, Any], streams: list[bytes], rows: list[int], dests: _Dests
+) -> Append:
     b = command["batch"]
     if not 0 <= b < len(streams):
         raise DecodeError(f"an Append names batch {b}; the record has {len(streams)}")
@@ -218,14 +234,69 @@ def _append_in(command: dict[str, Any], streams: list[bytes], rows: list[int]) -
                 f"an Append's rows {src}..+{i['src_length']} point past batch {b}'s {rows[b]} rows"
             )
         infos.append(
-            AppendInfo(src, i["src_length"], dest_in(i["dest"]), i["dest_offset"], i["dest_length"])
+            AppendInfo(
+                src, i["src_length"], dests.get(i["dest"]), i["dest_offset"], i["dest_length"]
+            )
         )
     return Append(tuple(infos), streams[b])
 
 
-def entry_payloads(entries: Sequence[WalEntry]) -> list[bytes]:
-    """Decoded entries as payloads a log driver hands on (`EncodedEntry` of no bytes)."""
-    return [EncodedEntry.of(b"", e) for e in entries]
+class _Group:
+    """A version 2 value, decoded on first use (`LazyEntry`)."""
+
+    __slots__ = ("_entries", "_value", "count", "first", "where")
+
+    def __init__(self, value: bytes, first: int, count: int, where: str) -> None:
+        self._value = value
+        self.first = first
+        self.count = count
+        self.where = where
+        self._entries: list[WalEntry] | None = None
+
+    def entries(self) -> list[WalEntry]:
+        if self._entries is None:
+            self._entries = decode_v2(self._value, self.first, self.count, self.where)
+            self._value = b""
+        return self._entries
+
+
+class LazyEntry(EncodedEntry):
+    """A payload of a version 2 record: its entry is decoded, with the whole record's,
+    when first asked for (`decode_entry`).
+
+    Why lazy: a log driver reads every record when it opens, to find the log's valid
+    run, but only the entries it then hands on are applied. Decoding them there, in one
+    go per record, keeps the opening to headers, and puts the decoding where the
+    replaying caller chose the conditions (`tn.checkpoint.recovery` pauses the garbage
+    collector, which would otherwise walk the growing heap again and again)."""
+
+    _group: _Group
+    _index: int
+
+    @property  # type: ignore[override]
+    def entry(self) -> WalEntry:  # a read-only property where EncodedEntry has a field
+        return self._group.entries()[self._index]
+
+
+def lazy_payloads(value: bytes, first: int, count: int, where: str = "") -> list[bytes]:
+    """The payloads of a version 2 value, decoded on first use; the envelope is checked
+    now (a value that is not a ``wal_group`` record is refused at once)."""
+    try:
+        name = schema_of(value)
+    except CodecError as e:
+        raise type(e)(f"WAL record {where} (version 2): {e}") from e
+    if name != WAL_GROUP:
+        raise UnsupportedFormatError(
+            f"WAL record {where} (version 2): holds a {name!r} record, expected {WAL_GROUP!r}"
+        )
+    group = _Group(value, first, count, where)
+    out: list[bytes] = []
+    for i in range(count):
+        p = LazyEntry()
+        p._group = group
+        p._index = i
+        out.append(p)
+    return out
 
 
 def entries_of(payloads: Sequence[bytes]) -> list[WalEntry] | None:
@@ -250,5 +321,5 @@ __all__ = [
     "encode_v1",
     "encode_v2",
     "entries_of",
-    "entry_payloads",
+    "lazy_payloads",
 ]

@@ -12,13 +12,14 @@ commit ts is ABORTED_TS (never visible), so offsets match.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from itertools import count, repeat
 from typing import Any
 
 from schemas.arrow_ipc import ipc_to_table
 from schemas.codec import decode_entry
 from schemas.wal import Append, CatalogKind, Delete, TableSchema, UpdateCatalog, WalEntry
 from tn.catalog.catalog import Catalog
-from tn.catalog.nodes import ABORTED_TS, MAX_TS, BlockNode, DatabaseNode, SegmentNode, TableNode
+from tn.catalog.nodes import ABORTED_TS, BlockNode, DatabaseNode, SegmentNode, TableNode
 from tn.logstore.driver import LogRecord
 from tn.memtable.block import MemBlock
 from tn.txn.rows import columns_of
@@ -61,18 +62,15 @@ def apply_entry(cat: Catalog, entry: WalEntry) -> int:
             ins = inserts.setdefault(t, [])
             for info in cmd.infos:
                 blk = _node(cat, info.dest.block_id, BlockNode)
+                # replay is the only writer: the rows take their commit ts at once
                 t.mem.place(
-                    blk,
-                    info.dest_offset,
-                    cols,
-                    info.src_offset,
-                    info.src_length,
-                    MAX_TS,
-                    ABORTED_TS,
+                    blk, info.dest_offset, cols, info.src_offset, info.src_length, cts, ABORTED_TS
                 )
-                blk.mem.set_cts(info.dest_offset, info.src_length, cts)
-                for i in range(info.src_length):
-                    ins.append((keys[info.src_offset + i], blk, info.dest_offset + i))
+                src, dst = info.src_offset, info.dest_offset
+                if info.src_length == 1:
+                    ins.append((keys[src], blk, dst))
+                else:
+                    ins.extend(zip(keys[src : src + info.src_length], repeat(blk), count(dst)))
         elif isinstance(cmd, Delete):
             t = _node(cat, cmd.dest.table_id, TableNode)
             blk = _node(cat, cmd.dest.block_id, BlockNode)

@@ -123,15 +123,27 @@ def test_unknown_record_version_stops_the_opening_naming_it(
     assert "format version 9" in msg and f"{wal_config.topics.wal}/0@0" in msg, msg
 
 
-def test_garbled_version_2_record_stops_the_opening_naming_it(
+def test_garbled_version_2_record_is_refused_naming_it(
     wal_config: KwalConfig, raw_wal: RawWal
 ) -> None:
+    raw_wal.meta("epoch/1/raw1", {"epoch": 1, "writer": "raw1"})
     headers = entries_headers(1, 1, 2, 0, "raw1", RECORD_V2)
-    raw_wal.producer.produce(
-        wal_config.topics.wal, value=b"KW\x01\x09wal_group\x02\x00", partition=0, headers=headers
-    )
+    # a wal_group envelope whose body is cut short: the opening reads headers and
+    # envelopes only; the entries are decoded when first read, and refused then
+    value = b"KW\x01\x09wal_group\x02\x00"
+    raw_wal.producer.produce(wal_config.topics.wal, value=value, partition=0, headers=headers)
     assert raw_wal.producer.flush(10) == 0
-    with pytest.raises(DecodeError) as err:
+    driver = KafkaDriver(wal_config, delete_records=False)
+    try:
+        assert driver.last_lsn() == 2
+        with pytest.raises(DecodeError) as err:
+            Engine.recover(LogStore(driver))
+        msg = str(err.value)
+        assert "(version 2)" in msg and f"{wal_config.topics.wal}/0@0" in msg, msg
+    finally:
+        driver.close()
+    # a value that is not a wal_group envelope at all stops the opening itself
+    raw_wal.producer.produce(wal_config.topics.wal, value=b"junk" * 4, partition=0, headers=headers)
+    assert raw_wal.producer.flush(10) == 0
+    with pytest.raises(UnsupportedFormatError, match=r"\(version 2\): not a kwal record"):
         KafkaDriver(wal_config, delete_records=False)
-    msg = str(err.value)
-    assert "(version 2)" in msg and f"{wal_config.topics.wal}/0@0" in msg, msg

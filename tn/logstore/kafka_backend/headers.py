@@ -29,11 +29,10 @@ from schemas.wal_record import (
     RECORD_V2,
     check_version,
     decode_v1,
-    decode_v2,
     encode_v1,
     encode_v2,
     entries_of,
-    entry_payloads,
+    lazy_payloads,
 )
 
 H_KIND = "kwal.kind"
@@ -155,11 +154,13 @@ def encode_value(payloads: Sequence[bytes], version: int) -> tuple[bytes, int]:
 def decode_value(header: RecordHeader, value: bytes, where: str) -> tuple[bytes, ...]:
     """The payloads of an `entries` record of any version (`where` names the record in
     errors). An unknown version raises `UnsupportedFormatError`, a garbled value
-    `DecodeError`, both naming the version and `where`: never skipped as foreign."""
+    `DecodeError`, both naming the version and `where`: never skipped as foreign.
+    Version 2 entries are decoded when first used (`schemas.wal_record.LazyEntry`), so a
+    garbled body surfaces then."""
     if not header.count:
         return ()
     check_version(header.version, where)
     if header.version == RECORD_V2:
-        return tuple(entry_payloads(decode_v2(value, header.first, header.count, where)))
+        return tuple(lazy_payloads(value, header.first, header.count, where))
     return tuple(decode_v1(value, header.count, where))
 
