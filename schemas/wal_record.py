@@ -273,8 +273,8 @@ class LazyEntry(EncodedEntry):
     _group: _Group
     _index: int
 
-    @property  # type: ignore[override]
-    def entry(self) -> WalEntry:  # a read-only property where EncodedEntry has a field
+    @property
+    def entry(self) -> WalEntry:  # type: ignore[override]  # read-only where EncodedEntry has a field
         return self._group.entries()[self._index]
 
 

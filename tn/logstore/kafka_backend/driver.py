@@ -66,11 +66,14 @@ each partition from the recorded offset (step 5 of opening), never from 0.
 from __future__ import annotations
 
 import bisect
+import gc
 import logging
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from concurrent.futures import Future
+from contextlib import contextmanager
 from typing import Any, Literal
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
@@ -117,6 +120,25 @@ from tn.logstore.kafka_backend.retention_floor import RetentionFloor
 from tn.logstore.kafka_backend.writer import GroupWriter, WriterSettings
 
 log = logging.getLogger(__name__)
+
+
+@contextmanager
+def collector_paused() -> Iterator[None]:
+    """Pause Python's cyclic garbage collector while the opening reads the log.
+
+    Why: reading makes a few objects per entry (a payload, its map slot), all of which
+    live on; each time their number grows by a quarter the collector walks the whole
+    heap again, and with 100k entries that cost more than the reading itself (measured:
+    ~12 us per entry, docs/perf-replay.md). `tn.checkpoint.recovery` pauses it for the
+    same reason while it applies the entries."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
 
 RetentionPolicy = Literal["refuse", "warn"]
 
@@ -236,14 +258,18 @@ class KafkaDriver(LogDriver):
         self.replay_start: dict[int, int] = {
             p: state.truncated_offsets.get(p, 0) for p in self.partitions
         }
-        stored = list(self._read_wal(ends, self.replay_start))
+        with collector_paused():
+            stored = list(self._read_wal(ends, self.replay_start))
         self.records_read = len(stored)
         truncated, newest = self._meta.latest_truncation(self.writer_id)
         if newest > self.epoch:
             raise FencedError(f"epoch {newest} was claimed while epoch {self.epoch} was opening")
         self._truncated = max(state.truncated, truncated)
         self._infos: list[RecordInfo] = [record_info(r) for r in stored]
-        self.replay_result: ReplayResult = replay(stored, self._truncated, state.bases, self.epoch)
+        with collector_paused():
+            self.replay_result: ReplayResult = replay(
+                stored, self._truncated, state.bases, self.epoch
+            )
         self._cache: dict[int, bytes] = self.replay_result.entries
         self._segments: list[Segment] = self.replay_result.segments
         r = self.replay_result
