@@ -35,7 +35,7 @@ dataclasses into the ``wal_entry`` record and back, exactly
 (``decode_entry(encode_entry(e)) == e``). `encode_entry` returns an `EncodedEntry`:
 the bytes, with the entry they encode attached, so that the Kafka WAL writer can
 regroup a record's entries into one columnar payload (`schemas.wal_record`, format
-version 2) without decoding them again, and `decode_entry` of it costs nothing.
+version 2) without decoding them again.
 
 This is on the commit hot path: parsed schemas and the envelope prefix are
 cached per name, and the dataclass <-> dict conversions are written out by hand.
@@ -361,9 +361,9 @@ class EncodedEntry(bytes):
     a group as one columnar payload (`schemas.wal_record`); it needs the entries, not
     their bytes. Entries decoded from a version-2 record are handed on as an
     `EncodedEntry` of no bytes (their encoding is the record's, shared): `decode_entry`
-    returns ``.entry`` for any `EncodedEntry`, so every reader of a payload sees the
-    same entry whichever record version carried it. Only `decode_entry` may be used on
-    a payload; its bytes are not a format of their own."""
+    returns ``.entry`` for those, so every reader of a payload sees the
+    same entry whichever record version carried it (an `EncodedEntry` with bytes is
+    decoded from them as any payload is)."""
 
     entry: WalEntry
 
@@ -390,7 +390,7 @@ def encode_entry(entry: WalEntry, lsn: int | None = None) -> EncodedEntry:
 def decode_entry(data: bytes) -> WalEntry:
     """The WAL entry in a kwal record (or attached to an `EncodedEntry`); refuses
     records of any other schema."""
-    if isinstance(data, EncodedEntry):
+    if isinstance(data, EncodedEntry) and not data:  # an entry of a version 2 record
         return data.entry
     _, record = decode_record(data, expected=WAL_ENTRY)
     try:

@@ -46,8 +46,8 @@ def apply_entry(cat: Catalog, entry: WalEntry) -> int:
     """Apply one committed transaction; returns the highest node id it names."""
     cts = entry.txn.commit_ts
     max_id = 0
-    inserts: dict[TableNode, list[tuple[Any, BlockNode, int]]] = {}
-    deletes: dict[TableNode, list[tuple[Any, BlockNode, int]]] = {}
+    # per table: its inserts and its deletes, as `index_commit` takes them
+    changed: dict[TableNode, tuple[list[tuple[Any, BlockNode, int]], list[Any]]] = {}
     for cmd in entry.commands:
         if isinstance(cmd, UpdateCatalog):
             d = cmd.dest
@@ -59,7 +59,7 @@ def apply_entry(cat: Catalog, entry: WalEntry) -> int:
             t = _node(cat, cmd.infos[0].dest.table_id, TableNode)
             schema = t.schemas[-1][1]
             cols, keys = _columns(cmd.batch, schema)
-            ins = inserts.setdefault(t, [])
+            ins = changed.setdefault(t, ([], []))[0]
             for info in cmd.infos:
                 blk = _node(cat, info.dest.block_id, BlockNode)
                 # replay is the only writer: the rows take their commit ts at once
@@ -76,7 +76,7 @@ def apply_entry(cat: Catalog, entry: WalEntry) -> int:
             blk = _node(cat, cmd.dest.block_id, BlockNode)
             schema = t.schemas[-1][1]
             pk_col = blk.mem.cols.get(schema.column(schema.primary_key).column_id, [])
-            dl = deletes.setdefault(t, [])
+            dl = changed.setdefault(t, ([], []))[1]
             for row in cmd.rows:
                 if row >= len(blk.mem):
                     raise ReplayError(
@@ -84,8 +84,8 @@ def apply_entry(cat: Catalog, entry: WalEntry) -> int:
                     )
                 blk.mem.dts[row] = cts
                 dl.append((pk_col[row], blk, row))
-    for t in set(inserts) | set(deletes):
-        t.mem.index_commit(inserts.get(t, []), deletes.get(t, []), cts)
+    for t, (ins, dl) in changed.items():
+        t.mem.index_commit(ins, dl, cts)
     return max_id
 
 

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from schemas.arrow_ipc import ipc_to_table, table_to_ipc
 from schemas.codec import decode_entry, encode_entry
-from schemas.exceptions import DecodeError, UnsupportedFormatError
+from schemas.exceptions import CodecError, DecodeError, UnsupportedFormatError
 from schemas.wal import Append, AppendInfo, Delete, Dest, TxnContext, WalEntry
 from schemas.wal_record import (
     RECORD_V1,
@@ -131,3 +131,33 @@ def test_garbled_version_2_values_are_refused_naming_the_record() -> None:
         decode_v2(value, 1, 5, "wal/0@9")
     with pytest.raises(DecodeError, match=r"entry 0 carries LSN 1, expected 2"):
         decode_v2(value, 2, 4, "wal/0@9")
+
+
+DAMAGE = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@DAMAGE
+@given(data=st.data())
+def test_damaged_version_2_values_decode_or_raise_codec_errors(data: st.DataObject) -> None:
+    """Bytes flipped, cut or inserted anywhere: the decoder returns entries or raises its
+    codec's clear error (`CodecError`), never anything else."""
+    tables = [
+        pa.table({"id": pa.array([i, i + 1], pa.int64()), "v": ["a", None]}) for i in range(3)
+    ]
+    value = bytearray(encode_v2([_entry(i + 1, 2 * i, tables[i], 7) for i in range(3)]))
+    for _ in range(data.draw(st.integers(1, 3))):
+        at = data.draw(st.integers(0, len(value) - 1))
+        kind = data.draw(st.sampled_from(["flip", "cut", "insert"]))
+        if kind == "flip":
+            value[at] ^= data.draw(st.integers(1, 255))
+        elif kind == "cut":
+            del value[at:]
+        else:
+            value[at:at] = data.draw(st.binary(min_size=1, max_size=8))
+        if not value:
+            break
+    try:
+        entries = decode_v2(bytes(value), 1, 3, "wal/0@1")
+    except CodecError:
+        return
+    assert [e.lsn for e in entries] == [1, 2, 3]
