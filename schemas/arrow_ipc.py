@@ -86,7 +86,10 @@ def join_stream(schema_msg: bytes, bodies: list[bytes]) -> bytes:
 
 # The last stream read (`ipc_to_table`): the entries of one WAL record share one batch,
 # each naming its rows in it, and every reader of those entries asks for it in turn.
+# Small streams are cheap to read again and not shared; a big one is not kept alive
+# after its reader is done with it.
 _last: tuple[bytes, bool, pa.Table] | None = None
+_CACHED_MIN, _CACHED_MAX = 64, 4 << 20
 
 
 def ipc_to_table(data: bytes, validate: bool = True) -> pa.Table:
@@ -102,7 +105,7 @@ def ipc_to_table(data: bytes, validate: bool = True) -> pa.Table:
     if last is not None and last[0] is data and (last[1] or not validate):
         return last[2]
     table = _ipc_to_table(data, validate)
-    if len(data) > 64:  # small streams are cheap to read again and not shared
+    if _CACHED_MIN < len(data) <= _CACHED_MAX:
         _last = (data, validate, table)
     return table
 

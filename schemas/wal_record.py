@@ -151,12 +151,14 @@ class _Batches:
         return out
 
 
-def encode_v2(entries: Sequence[WalEntry]) -> bytes:
-    """A group of entries as one ``wal_group`` record (the version 2 writer)."""
+def encode_v2(entries: Sequence[WalEntry], first: int | None = None) -> bytes:
+    """A group of entries as one ``wal_group`` record (the version 2 writer). With
+    `first`, the entries are written at LSNs `first`, `first` + 1, ... (the LSNs the log
+    gave them), whatever their own ``lsn`` says."""
     batches = _Batches()
     records = []
-    for entry in entries:
-        record = entry_to_record(entry)
+    for n, entry in enumerate(entries):
+        record = entry_to_record(entry, None if first is None else first + n)
         commands = []
         for name, command in record["commands"]:
             if name == _APPEND_V1:

@@ -100,13 +100,13 @@ def test_one_batch_per_schema_shared_by_the_entries() -> None:
 def test_payloads_choose_the_version() -> None:
     entries = [_entry(i + 1, i, pa.table({"id": pa.array([i], pa.int64())}), 7) for i in range(3)]
     payloads = [encode_entry(e) for e in entries]
-    value, version = encode_value(payloads, RECORD_V2)
+    value, version = encode_value(payloads, RECORD_V2, 1)
     assert version == RECORD_V2
     got = decode_value(RecordHeader(b"entries", 1, 1, 3, 0, "w", version), value, "t/0@5")
     assert [_meaning(decode_entry(p)) for p in got] == [_meaning(e) for e in entries]
     # opaque payloads, or version 1 asked for: the version 1 framing
-    assert encode_value([b"a", b"bc"], RECORD_V2) == (encode_v1([b"a", b"bc"]), RECORD_V1)
-    value, version = encode_value(payloads, RECORD_V1)
+    assert encode_value([b"a", b"bc"], RECORD_V2, 1) == (encode_v1([b"a", b"bc"]), RECORD_V1)
+    value, version = encode_value(payloads, RECORD_V1, 1)
     assert version == RECORD_V1 and value == encode_v1(payloads)
 
 

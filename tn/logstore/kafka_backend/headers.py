@@ -141,13 +141,13 @@ def decode_entries(value: bytes, count: int) -> list[bytes]:
         raise HeaderError(str(e)) from e
 
 
-def encode_value(payloads: Sequence[bytes], version: int) -> tuple[bytes, int]:
-    """A record value for `payloads` and the version it is in: version 2 when asked and
-    every payload is a WAL entry (`EncodedEntry`), else version 1."""
+def encode_value(payloads: Sequence[bytes], version: int, first: int) -> tuple[bytes, int]:
+    """A record value for `payloads` (at LSNs `first`, ...) and the version it is in:
+    version 2 when asked and every payload is a WAL entry (`EncodedEntry`), else 1."""
     if version == RECORD_V2:
         entries = entries_of(payloads)
         if entries is not None:
-            return encode_v2(entries), RECORD_V2
+            return encode_v2(entries, first), RECORD_V2
     return encode_v1(payloads), RECORD_V1
 
 
@@ -163,4 +163,3 @@ def decode_value(header: RecordHeader, value: bytes, where: str) -> tuple[bytes,
     if header.version == RECORD_V2:
         return tuple(lazy_payloads(value, header.first, header.count, where))
     return tuple(decode_v1(value, header.count, where))
-

@@ -235,7 +235,7 @@ class GroupWriter:
         first, payloads, partition, acked = issue
         count = len(payloads)
         try:
-            value, version = encode_value(payloads, self._s.record_version)
+            value, version = encode_value(payloads, self._s.record_version, first)
             headers = entries_headers(self._epoch, first, count, acked, self._writer_id, version)
             size = len(value)
 
