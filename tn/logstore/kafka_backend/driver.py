@@ -13,7 +13,9 @@ Opening (recovery), numbered as `__init__` runs it:
 5. read every partition from the offset recorded with the truncation point
    (or its low watermark, whichever is higher) up to its marker, read the
    truncation point again (a fenced writer may have truncated meanwhile), and
-   replay (`replay.replay`: head skipped, zombies ignored, tail dropped);
+   replay (`replay.replay`: head skipped, zombies ignored, tail dropped). Each
+   record's format version (`kwal.version`) is checked here, an unknown one
+   stops the opening; version 2 entries are decoded when first read;
 6. check the WAL topic's retention (`retention.check_retention`): refuse or
    warn per `retention_policy`;
 7. record this epoch's base (the recovered last LSN) on the meta topic, then
