@@ -379,7 +379,8 @@ def encode_entry(entry: WalEntry, lsn: int | None = None) -> EncodedEntry:
 
     `lsn`, when given, is written instead of ``entry.lsn``: the LogStore hands
     out the LSN only inside ``append(lambda lsn: encode_entry(entry, lsn))``, and
-    this spares the commit path a ``dataclasses.replace`` of the frozen entry.
+    this spares the commit path a ``dataclasses.replace`` of the frozen entry (the
+    entry attached to the result is a copy with that LSN only when it differs).
     Out-of-range integers (beyond int64) raise `EncodeError`.
     """
     if lsn is not None and lsn != entry.lsn:
