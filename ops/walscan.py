@@ -4,7 +4,8 @@ It never claims an epoch, never produces to the WAL and never opens a
 `KafkaDriver` (opening one would fence the running writer). What it reports:
 
 - per WAL partition: low watermark, the high watermark the broker reports, the
-  end actually found, and the LSN ranges its records hold;
+  end actually found, the LSN ranges its records hold, and how many records of
+  each format version (`kwal.version`, FORMAT.md §8) it holds;
 - from the meta topic: the logical truncation point, the highest epoch and its
   writer, the recorded bases, and the TN's own status record if it publishes one
   (`STATUS_KEY`: `status_record`, published by `StatusPublisher`);
@@ -48,6 +49,7 @@ class PartitionScan:
     records: int = 0  # kwal records (entries + markers)
     markers: int = 0
     foreign: int = 0  # records without kwal headers
+    versions: dict[int, int] = field(default_factory=dict)  # entries records per format version
     bytes: int = 0
     lsn_ranges: list[list[int]] = field(default_factory=list)  # [[first, last], ...] merged
 
@@ -84,6 +86,7 @@ class WalScan:
         d.pop("infos")
         d["bases"] = {str(k): v for k, v in self.bases.items()}
         for p, ps in zip(d["partitions"], self.partitions, strict=True):
+            p["versions"] = {str(k): v for k, v in ps.versions.items()}
             p["first_lsn"] = ps.first_lsn
             p["last_lsn"] = ps.last_lsn
         return d
@@ -156,6 +159,7 @@ def scan_wal(cfg: KwalConfig, timeout_s: float = 30.0) -> WalScan:
             ps.markers += 1
         elif header.count > 0:
             _merge(ps.lsn_ranges, header.first, header.last)
+            ps.versions[header.version] = ps.versions.get(header.version, 0) + 1
         _, ts = msg.timestamp()
         # headers only: replay needs one (empty) payload per entry, never the bytes
         stored.append(

@@ -64,13 +64,53 @@ def table_to_ipc(table: pa.Table) -> bytes:
     return sink.getvalue().to_pybytes()
 
 
+def split_stream(data: bytes) -> tuple[bytes, bytes] | None:
+    """A stream's schema message and the messages after it (without the end-of-stream
+    marker), by their framing alone; None when `data` is not framed so (then decode it).
+
+    Why: the WAL writer joins the batches of a record's entries of one schema into
+    one stream by splicing these bytes, so the commit path pays no Arrow decoding per
+    entry (`schemas.wal_record`)."""
+    if data[:4] != _CONTINUATION or len(data) < 16 or not data.endswith(_END_OF_STREAM):
+        return None
+    end = 8 + int.from_bytes(data[4:8], "little")
+    if end > len(data) - len(_END_OF_STREAM):
+        return None
+    return data[:end], data[end : len(data) - len(_END_OF_STREAM)]
+
+
+def join_stream(schema_msg: bytes, bodies: list[bytes]) -> bytes:
+    """`split_stream`'s inverse over several streams of the same schema message."""
+    return schema_msg + b"".join(bodies) + _END_OF_STREAM
+
+
+# The last stream read (`ipc_to_table`): the entries of one WAL record share one batch,
+# each naming its rows in it, and every reader of those entries asks for it in turn.
+# Small streams are cheap to read again and not shared; a big one is not kept alive
+# after its reader is done with it.
+_last: tuple[bytes, bool, pa.Table] | None = None
+_CACHED_MIN, _CACHED_MAX = 64, 4 << 20
+
+
 def ipc_to_table(data: bytes, validate: bool = True) -> pa.Table:
     """Read an Arrow IPC stream back into a table.
 
     With `validate` (the default) the buffers are checked in full, so garbled
     bytes raise `DecodeError` here instead of surfacing later as wrong values
-    or a crash inside Arrow's compute kernels.
+    or a crash inside Arrow's compute kernels. The same bytes object asked for
+    again is answered from a one-slot cache (a WAL record's entries share one).
     """
+    global _last
+    last = _last
+    if last is not None and last[0] is data and (last[1] or not validate):
+        return last[2]
+    table = _ipc_to_table(data, validate)
+    if _CACHED_MIN < len(data) <= _CACHED_MAX:
+        _last = (data, validate, table)
+    return table
+
+
+def _ipc_to_table(data: bytes, validate: bool) -> pa.Table:
     if not data.endswith(_END_OF_STREAM):
         raise DecodeError(
             f"truncated Arrow IPC stream ({len(data)} bytes): no end-of-stream marker"

@@ -32,7 +32,10 @@ name (fastavro's ``load_schema`` convention, e.g. ``kwal.common.Dest.avsc``).
 
 Typed API for the WAL: `encode_entry` / `decode_entry` turn `schemas.wal`
 dataclasses into the ``wal_entry`` record and back, exactly
-(``decode_entry(encode_entry(e)) == e``).
+(``decode_entry(encode_entry(e)) == e``). `encode_entry` returns an `EncodedEntry`:
+the bytes, with the entry they encode attached, so that the Kafka WAL writer can
+regroup a record's entries into one columnar payload (`schemas.wal_record`, format
+version 2) without decoding them again.
 
 This is on the commit hot path: parsed schemas and the envelope prefix are
 cached per name, and the dataclass <-> dict conversions are written out by hand.
@@ -317,6 +320,16 @@ _COMMAND_IN: dict[str, Callable[[dict[str, Any]], Command]] = {
 }
 
 
+def command_in(full_name: str, record: dict[str, Any]) -> Command:
+    """A command from its ``wal_entry`` union branch (full name, fields)."""
+    return _COMMAND_IN[full_name](record)
+
+
+def txn_in(t: dict[str, Any]) -> TxnContext:
+    """A transaction context from its ``wal_entry`` record."""
+    return TxnContext(t["start_ts"], t["commit_ts"], tuple(_dest_in(d) for d in t["memo"]))
+
+
 def entry_to_record(entry: WalEntry, lsn: int | None = None) -> dict[str, Any]:
     """The ``wal_entry`` dict of an entry (commands as ``(full_name, dict)`` tuples),
     with `lsn` in place of ``entry.lsn`` when given."""
@@ -334,27 +347,52 @@ def entry_to_record(entry: WalEntry, lsn: int | None = None) -> dict[str, Any]:
 
 def record_to_entry(record: dict[str, Any]) -> WalEntry:
     """The inverse of `entry_to_record`."""
-    t = record["txn"]
     return WalEntry(
         lsn=record["lsn"],
-        txn=TxnContext(t["start_ts"], t["commit_ts"], tuple(_dest_in(d) for d in t["memo"])),
+        txn=txn_in(record["txn"]),
         commands=tuple(_COMMAND_IN[name](c) for name, c in record["commands"]),
     )
 
 
-def encode_entry(entry: WalEntry, lsn: int | None = None) -> bytes:
+class EncodedEntry(bytes):
+    """A WAL entry's payload with the `WalEntry` it holds (``.entry``).
+
+    Why: the WAL writer groups entries into records and, since record format 2, writes
+    a group as one columnar payload (`schemas.wal_record`); it needs the entries, not
+    their bytes. Entries decoded from a version-2 record are handed on as an
+    `EncodedEntry` of no bytes (their encoding is the record's, shared): `decode_entry`
+    returns ``.entry`` for those, so every reader of a payload sees the
+    same entry whichever record version carried it (an `EncodedEntry` with bytes is
+    decoded from them as any payload is)."""
+
+    entry: WalEntry
+
+    @classmethod
+    def of(cls, data: bytes, entry: WalEntry) -> EncodedEntry:
+        out = cls(data)
+        out.entry = entry
+        return out
+
+
+def encode_entry(entry: WalEntry, lsn: int | None = None) -> EncodedEntry:
     """A WAL entry as a kwal record (schema ``wal_entry``).
 
     `lsn`, when given, is written instead of ``entry.lsn``: the LogStore hands
     out the LSN only inside ``append(lambda lsn: encode_entry(entry, lsn))``, and
-    this spares the commit path a ``dataclasses.replace`` of the frozen entry.
+    this spares the commit path a ``dataclasses.replace`` of the frozen entry (the
+    entry attached to the result is a copy with that LSN only when it differs).
     Out-of-range integers (beyond int64) raise `EncodeError`.
     """
-    return encode_record(WAL_ENTRY, entry_to_record(entry, lsn))
+    if lsn is not None and lsn != entry.lsn:
+        entry = WalEntry(lsn, entry.txn, entry.commands)
+    return EncodedEntry.of(encode_record(WAL_ENTRY, entry_to_record(entry)), entry)
 
 
 def decode_entry(data: bytes) -> WalEntry:
-    """The WAL entry in a kwal record; refuses records of any other schema."""
+    """The WAL entry in a kwal record (or attached to an `EncodedEntry`); refuses
+    records of any other schema."""
+    if isinstance(data, EncodedEntry) and not data:  # an entry of a version 2 record
+        return data.entry
     _, record = decode_record(data, expected=WAL_ENTRY)
     try:
         return record_to_entry(record)

@@ -12,13 +12,14 @@ commit ts is ABORTED_TS (never visible), so offsets match.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from itertools import count, repeat
 from typing import Any
 
 from schemas.arrow_ipc import ipc_to_table
 from schemas.codec import decode_entry
-from schemas.wal import Append, CatalogKind, Delete, UpdateCatalog, WalEntry
+from schemas.wal import Append, CatalogKind, Delete, TableSchema, UpdateCatalog, WalEntry
 from tn.catalog.catalog import Catalog
-from tn.catalog.nodes import ABORTED_TS, MAX_TS, BlockNode, DatabaseNode, SegmentNode, TableNode
+from tn.catalog.nodes import ABORTED_TS, BlockNode, DatabaseNode, SegmentNode, TableNode
 from tn.logstore.driver import LogRecord
 from tn.memtable.block import MemBlock
 from tn.txn.rows import columns_of
@@ -45,42 +46,37 @@ def apply_entry(cat: Catalog, entry: WalEntry) -> int:
     """Apply one committed transaction; returns the highest node id it names."""
     cts = entry.txn.commit_ts
     max_id = 0
-    inserts: dict[TableNode, list[tuple[Any, BlockNode, int]]] = {}
-    deletes: dict[TableNode, list[tuple[Any, BlockNode, int]]] = {}
+    # per table: its inserts and its deletes, as `index_commit` takes them
+    changed: dict[TableNode, tuple[list[tuple[Any, BlockNode, int]], list[Any]]] = {}
     for cmd in entry.commands:
         if isinstance(cmd, UpdateCatalog):
             d = cmd.dest
             max_id = max(max_id, d.db_id, d.table_id, d.segment_id, d.block_id)
             _apply_catalog(cat, cmd, cts)
         elif isinstance(cmd, Append):
-            batch = ipc_to_table(cmd.batch, validate=False)
             if not cmd.infos:
                 continue
             t = _node(cat, cmd.infos[0].dest.table_id, TableNode)
             schema = t.schemas[-1][1]
-            cols = columns_of(schema, batch)
-            keys = batch.column(schema.primary_key).to_pylist()
-            ins = inserts.setdefault(t, [])
+            cols, keys = _columns(cmd.batch, schema)
+            ins = changed.setdefault(t, ([], []))[0]
             for info in cmd.infos:
                 blk = _node(cat, info.dest.block_id, BlockNode)
+                # replay is the only writer: the rows take their commit ts at once
                 t.mem.place(
-                    blk,
-                    info.dest_offset,
-                    cols,
-                    info.src_offset,
-                    info.src_length,
-                    MAX_TS,
-                    ABORTED_TS,
+                    blk, info.dest_offset, cols, info.src_offset, info.src_length, cts, ABORTED_TS
                 )
-                blk.mem.set_cts(info.dest_offset, info.src_length, cts)
-                for i in range(info.src_length):
-                    ins.append((keys[info.src_offset + i], blk, info.dest_offset + i))
+                src, dst = info.src_offset, info.dest_offset
+                if info.src_length == 1:
+                    ins.append((keys[src], blk, dst))
+                else:
+                    ins.extend(zip(keys[src : src + info.src_length], repeat(blk), count(dst)))
         elif isinstance(cmd, Delete):
             t = _node(cat, cmd.dest.table_id, TableNode)
             blk = _node(cat, cmd.dest.block_id, BlockNode)
             schema = t.schemas[-1][1]
             pk_col = blk.mem.cols.get(schema.column(schema.primary_key).column_id, [])
-            dl = deletes.setdefault(t, [])
+            dl = changed.setdefault(t, ([], []))[1]
             for row in cmd.rows:
                 if row >= len(blk.mem):
                     raise ReplayError(
@@ -88,9 +84,29 @@ def apply_entry(cat: Catalog, entry: WalEntry) -> int:
                     )
                 blk.mem.dts[row] = cts
                 dl.append((pk_col[row], blk, row))
-    for t in set(inserts) | set(deletes):
-        t.mem.index_commit(inserts.get(t, []), deletes.get(t, []), cts)
+    for t, (ins, dl) in changed.items():
+        t.mem.index_commit(ins, dl, cts)
     return max_id
+
+
+# The last batch's columns (`_columns`): since WAL record format 2 the entries of a record
+# share one batch, which is read and turned into Python lists once, not once per entry.
+_last: tuple[bytes, TableSchema, dict[int, list[Any]], list[Any]] | None = None
+
+
+def _columns(data: bytes, schema: TableSchema) -> tuple[dict[int, list[Any]], list[Any]]:
+    """An Append batch's columns by column id, and its primary keys, for `schema`."""
+    global _last
+    last = _last
+    if last is not None and last[0] is data and last[1] is schema:
+        return last[2], last[3]
+    batch = ipc_to_table(data, validate=False)
+    cols = columns_of(schema, batch)
+    keys = cols.get(schema.column(schema.primary_key).column_id)
+    if keys is None:
+        keys = batch.column(schema.primary_key).to_pylist()
+    _last = (data, schema, cols, keys)
+    return cols, keys
 
 
 def _node(cat: Catalog, node_id: int, kind: type) -> Any:

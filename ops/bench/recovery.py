@@ -157,13 +157,18 @@ def run(args: argparse.Namespace, cfg: KwalConfig) -> int:
             return LogStore(d), d
 
         # the driver's fixed opening cost (epoch claim, fencing markers, producer's first
-        # acknowledgements), measured on an empty WAL topic in the same run
-        empty = dataclasses.replace(
-            cfg, topics=dataclasses.replace(cfg.topics, prefix=f"bench-{uuid.uuid4().hex[:8]}")
-        )
-        t0 = time.perf_counter()
-        KafkaDriver(empty, delete_records=False, retention_policy="warn").close()
-        open_fixed = time.perf_counter() - t0
+        # acknowledgements), measured on an empty WAL topic in the same run: the fastest
+        # of three, the first of which also pays the process's first Kafka clients and
+        # imports (it overstated the fixed cost, and so hid the reading of the topic)
+        fixed = []
+        for _ in range(3):
+            empty = dataclasses.replace(
+                cfg, topics=dataclasses.replace(cfg.topics, prefix=f"bench-{uuid.uuid4().hex[:8]}")
+            )
+            t0 = time.perf_counter()
+            KafkaDriver(empty, delete_records=False, retention_policy="warn").close()
+            fixed.append(time.perf_counter() - t0)
+        open_fixed = min(fixed)
         result["driver_open_empty_s"] = round(open_fixed, 3)
         # (2) rows, checkpoint
         log, driver = open_log()

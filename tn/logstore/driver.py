@@ -2,7 +2,10 @@
 
 A *driver* persists opaque entry payloads, each tagged with the logical LSN the
 LogStore gave it. Backends (file, Kafka, memory) implement `LogDriver`; they
-never decode payloads.
+never decode payloads, with one exception: the Kafka backend writes a group of WAL
+entries (`schemas.codec.EncodedEntry` payloads, which carry their entry) as one
+columnar record (`schemas.wal_record`, format version 2) and hands back, for each,
+a payload that `schemas.codec.decode_entry` turns into that entry.
 
 Contract every backend keeps:
 

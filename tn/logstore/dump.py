@@ -101,7 +101,9 @@ _COMMAND_TYPES = {
 def entry_to_json(entry: WalEntry) -> dict[str, Any]:
     """The entry as JSON-ready data: the Avro record's fields, with each command
     tagged by ``type`` and an Append's batch replaced by its size and row count
-    (the batch must be valid Arrow IPC, as `dump_records` checks first)."""
+    (the batch must be valid Arrow IPC, as `dump_records` checks first). An entry of
+    a version 2 WAL record shares its record's batch: the size and count are the
+    batch's, and the infos' ``src_offset`` count from its first row."""
     record = entry_to_record(entry)
     out: dict[str, Any] = {"lsn": record["lsn"], **record["txn"], "commands": []}
     for name, fields in record["commands"]:

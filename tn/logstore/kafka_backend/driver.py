@@ -13,7 +13,9 @@ Opening (recovery), numbered as `__init__` runs it:
 5. read every partition from the offset recorded with the truncation point
    (or its low watermark, whichever is higher) up to its marker, read the
    truncation point again (a fenced writer may have truncated meanwhile), and
-   replay (`replay.replay`: head skipped, zombies ignored, tail dropped);
+   replay (`replay.replay`: head skipped, zombies ignored, tail dropped). Each
+   record's format version (`kwal.version`) is checked here, an unknown one
+   stops the opening; version 2 entries are decoded when first read;
 6. check the WAL topic's retention (`retention.check_retention`): refuse or
    warn per `retention_policy`;
 7. record this epoch's base (the recovered last LSN) on the meta topic, then
@@ -66,11 +68,14 @@ each partition from the recorded offset (step 5 of opening), never from 0.
 from __future__ import annotations
 
 import bisect
+import gc
 import logging
 import threading
 import time
 import uuid
+from collections.abc import Iterator
 from concurrent.futures import Future
+from contextlib import contextmanager
 from typing import Any, Literal
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
@@ -81,6 +86,7 @@ from infra.config import KwalConfig
 from infra.kafka_io import RecordDeleter
 from infra.kafka_txn import TxnBus, TxnChannel, is_fenced
 from infra.topics import ensure_topics, wal_topics
+from schemas.wal_record import RECORD_V2, check_version
 from tn.logstore.driver import LogClosedError, LogDriver, LogRecord
 from tn.logstore.kafka_backend.exceptions import (
     AppendFailedError,
@@ -91,8 +97,8 @@ from tn.logstore.kafka_backend.exceptions import (
 )
 from tn.logstore.kafka_backend.headers import (
     HeaderError,
-    decode_entries,
     decode_headers,
+    decode_value,
     epoch_headers,
 )
 from tn.logstore.kafka_backend.kio import Pump, produce_wait, read_until, reader_conf
@@ -116,6 +122,25 @@ from tn.logstore.kafka_backend.retention_floor import RetentionFloor
 from tn.logstore.kafka_backend.writer import GroupWriter, WriterSettings
 
 log = logging.getLogger(__name__)
+
+
+@contextmanager
+def collector_paused() -> Iterator[None]:
+    """Pause Python's cyclic garbage collector while the opening reads the log.
+
+    Why: reading makes a few objects per entry (a payload, its map slot), all of which
+    live on; each time their number grows by a quarter the collector walks the whole
+    heap again, and with 100k entries that cost more than the reading itself (measured:
+    ~12 us per entry, docs/perf-replay.md). `tn.checkpoint.recovery` pauses it for the
+    same reason while it applies the entries."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
 
 RetentionPolicy = Literal["refuse", "warn"]
 
@@ -146,12 +171,15 @@ class KafkaDriver(LogDriver):
         retention_policy: RetentionPolicy = "refuse",
         create_topics: bool = True,
         open_timeout_s: float = 30.0,
+        record_version: int = RECORD_V2,
     ) -> None:
         self.cfg = cfg
         self.topic = cfg.topics.wal
         self.writer_id = writer_id or uuid.uuid4().hex[:16]
         self._timeout = cfg.wal.append_timeout_s
         self._open_timeout = open_timeout_s
+        check_version(record_version, "to write")
+        self._record_version = record_version
         self._reader_base = cfg.kafka_client()
         self._reader: Consumer | None = None
         self._read_lock = threading.Lock()  # the reader consumer is not shared
@@ -232,14 +260,18 @@ class KafkaDriver(LogDriver):
         self.replay_start: dict[int, int] = {
             p: state.truncated_offsets.get(p, 0) for p in self.partitions
         }
-        stored = list(self._read_wal(ends, self.replay_start))
+        with collector_paused():
+            stored = list(self._read_wal(ends, self.replay_start))
         self.records_read = len(stored)
         truncated, newest = self._meta.latest_truncation(self.writer_id)
         if newest > self.epoch:
             raise FencedError(f"epoch {newest} was claimed while epoch {self.epoch} was opening")
         self._truncated = max(state.truncated, truncated)
         self._infos: list[RecordInfo] = [record_info(r) for r in stored]
-        self.replay_result: ReplayResult = replay(stored, self._truncated, state.bases, self.epoch)
+        with collector_paused():
+            self.replay_result: ReplayResult = replay(
+                stored, self._truncated, state.bases, self.epoch
+            )
         self._cache: dict[int, bytes] = self.replay_result.entries
         self._segments: list[Segment] = self.replay_result.segments
         r = self.replay_result
@@ -278,6 +310,7 @@ class KafkaDriver(LogDriver):
                 max_in_flight=max_in_flight,
                 append_timeout_s=cfg.wal.append_timeout_s,
                 kick=self.bus.kick if self.bus is not None else None,
+                record_version=self._record_version,
             ),
         )
         if self.bus is not None:
@@ -309,7 +342,9 @@ class KafkaDriver(LogDriver):
             try:
                 header = decode_headers(msg.headers())
                 value = msg.value() or b""
-                payloads = tuple(decode_entries(value, header.count)) if header.count else ()
+                # an unknown version or a garbled value stops the opening (never skipped)
+                where = f"{self.topic}/{msg.partition()}@{msg.offset()}"
+                payloads = decode_value(header, value, where)
             except HeaderError as e:
                 log.warning(
                     "WAL %s: skipping foreign record at %s/%s: %s",
@@ -459,7 +494,8 @@ class KafkaDriver(LogDriver):
             if msg.partition() != seg.partition or msg.offset() != seg.offset:
                 continue
             header = decode_headers(msg.headers())
-            payloads = decode_entries(msg.value() or b"", header.count)
+            where = f"{self.topic}/{seg.partition}@{seg.offset}"
+            payloads = decode_value(header, msg.value() or b"", where)
             return {header.first + i: p for i, p in enumerate(payloads)}
         raise ReplayTimeoutError(
             f"cannot read WAL record {seg.partition}/{seg.offset} of {self.topic}"

@@ -5,8 +5,10 @@ Every record on the WAL topic is one of two kinds (header `kwal.kind`):
 - `entries`: a group of consecutive logical entries. Headers: `kwal.epoch`
   (writer epoch), `kwal.first` (first logical LSN), `kwal.count` (number of
   entries), `kwal.acked` (the writer's contiguous acknowledged LSN when it
-  issued the record) and `kwal.writer` (the writer's id). The value is the
-  entries framed as `u32 big-endian length | payload`, repeated `count` times.
+  issued the record), `kwal.writer` (the writer's id) and `kwal.version` (the
+  record format, `schemas.wal_record`; absent in records written before it
+  existed, which are version 1: the entries framed as `u32 big-endian length |
+  payload`, repeated `count` times; version 2: one columnar `wal_group` record).
 - `epoch`: the marker a starting writer puts on every partition (value empty).
   It fences older epochs in that partition and marks the end of the log for
   that writer's replay.
@@ -21,18 +23,30 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from schemas.exceptions import DecodeError
+from schemas.wal_record import (
+    RECORD_V1,
+    RECORD_V2,
+    check_version,
+    decode_v1,
+    encode_v1,
+    encode_v2,
+    entries_of,
+    lazy_payloads,
+)
+
 H_KIND = "kwal.kind"
 H_EPOCH = "kwal.epoch"
 H_FIRST = "kwal.first"
 H_COUNT = "kwal.count"
 H_ACKED = "kwal.acked"
 H_WRITER = "kwal.writer"
+H_VERSION = "kwal.version"
 
 KIND_ENTRIES = b"entries"
 KIND_EPOCH = b"epoch"
 
 _I64 = struct.Struct(">q")
-_U32 = struct.Struct(">I")
 
 Headers = list[tuple[str, str | bytes | None]]
 
@@ -51,6 +65,7 @@ class RecordHeader:
     count: int = 0
     acked: int = 0
     writer: str = ""
+    version: int = RECORD_V1  # the value's format (`schemas.wal_record`)
 
     @property
     def last(self) -> int:
@@ -62,8 +77,12 @@ def _i64(value: int) -> bytes:
     return _I64.pack(value)
 
 
-def entries_headers(epoch: int, first: int, count: int, acked: int, writer: str) -> Headers:
-    return [
+def entries_headers(
+    epoch: int, first: int, count: int, acked: int, writer: str, version: int = RECORD_V1
+) -> Headers:
+    """An `entries` record's headers. Version 1 records carry no `kwal.version` header,
+    byte for byte as written before version 2 existed."""
+    headers: Headers = [
         (H_KIND, KIND_ENTRIES),
         (H_EPOCH, _i64(epoch)),
         (H_FIRST, _i64(first)),
@@ -71,6 +90,9 @@ def entries_headers(epoch: int, first: int, count: int, acked: int, writer: str)
         (H_ACKED, _i64(acked)),
         (H_WRITER, writer.encode()),
     ]
+    if version != RECORD_V1:
+        headers.append((H_VERSION, _i64(version)))
+    return headers
 
 
 def epoch_headers(epoch: int, writer: str) -> Headers:
@@ -91,6 +113,7 @@ def decode_headers(headers: Any) -> RecordHeader:
             return RecordHeader(kind, epoch, writer=writer)
         if kind != KIND_ENTRIES:
             raise HeaderError(f"unknown record kind {kind!r}")
+        version = found.get(H_VERSION)
         return RecordHeader(
             kind,
             epoch,
@@ -98,37 +121,45 @@ def decode_headers(headers: Any) -> RecordHeader:
             _I64.unpack(found[H_COUNT])[0],
             _I64.unpack(found[H_ACKED])[0],
             writer,
+            RECORD_V1 if version is None else _I64.unpack(version)[0],
         )
     except (KeyError, struct.error, UnicodeDecodeError) as e:
         raise HeaderError(f"not a kwal WAL record: {e!r}") from e
 
 
 def encode_entries(payloads: Sequence[bytes]) -> bytes:
-    """Frame payloads as `u32 length | bytes` each."""
-    parts: list[bytes] = []
-    for p in payloads:
-        parts.append(_U32.pack(len(p)))
-        parts.append(p)
-    return b"".join(parts)
+    """Frame payloads as `u32 length | bytes` each (record version 1)."""
+    return encode_v1(payloads)
 
 
 def decode_entries(value: bytes, count: int) -> list[bytes]:
-    """Split a record value into its `count` payloads; `HeaderError` when it does not add up."""
-    out: list[bytes] = []
-    pos = 0
-    view = memoryview(value)
-    for _ in range(count):
-        if pos + 4 > len(value):
-            raise HeaderError("record value shorter than its entry count")
-        (n,) = _U32.unpack_from(value, pos)
-        pos += 4
-        if pos + n > len(value):
-            raise HeaderError("entry runs past the record value")
-        out.append(bytes(view[pos : pos + n]))
-        pos += n
-    if pos != len(value):
-        raise HeaderError("trailing bytes after the last entry")
-    return out
+    """Split a version 1 record value into its `count` payloads; `HeaderError` when it
+    does not add up."""
+    try:
+        return decode_v1(value, count)
+    except DecodeError as e:
+        raise HeaderError(str(e)) from e
 
 
-FRAME_OVERHEAD = _U32.size
+def encode_value(payloads: Sequence[bytes], version: int, first: int) -> tuple[bytes, int]:
+    """A record value for `payloads` (at LSNs `first`, ...) and the version it is in:
+    version 2 when asked and every payload is a WAL entry (`EncodedEntry`), else 1."""
+    if version == RECORD_V2:
+        entries = entries_of(payloads)
+        if entries is not None:
+            return encode_v2(entries, first), RECORD_V2
+    return encode_v1(payloads), RECORD_V1
+
+
+def decode_value(header: RecordHeader, value: bytes, where: str) -> tuple[bytes, ...]:
+    """The payloads of an `entries` record of any version (`where` names the record in
+    errors). An unknown version raises `UnsupportedFormatError`, a garbled value
+    `DecodeError`, both naming the version and `where`: never skipped as foreign.
+    Version 2 entries are decoded when first used (`schemas.wal_record.LazyEntry`), so a
+    garbled body surfaces then."""
+    if not header.count:
+        return ()
+    check_version(header.version, where)
+    if header.version == RECORD_V2:
+        return tuple(lazy_payloads(value, header.first, header.count, where))
+    return tuple(decode_v1(value, header.count, where))

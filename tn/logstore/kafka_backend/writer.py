@@ -11,8 +11,11 @@
    flight: one appender gets one-entry records at once, many appenders get
    groups that fill while earlier records are in flight (adaptive group commit).
 
-Issuing a record: round-robin partition; headers carry epoch, first LSN, count
-and the window's contiguous acknowledged LSN at that moment.
+Issuing a record: round-robin partition; headers carry epoch, first LSN, count,
+the window's contiguous acknowledged LSN at that moment and the record format
+version. A group of WAL entries (`schemas.codec.EncodedEntry` payloads) is
+written as one columnar version 2 value (`schemas.wal_record`); other payloads
+are framed as version 1.
 
 Delivery (on the pump thread): a delivery report without an offset is not
 proof of durability. The broker answered DUPLICATE_SEQUENCE_NUMBER ("already
@@ -46,6 +49,7 @@ from dataclasses import dataclass
 from confluent_kafka import KafkaError, Message, Producer
 
 from infra.kafka_txn import TxnChannel
+from schemas.wal_record import FRAME_OVERHEAD, RECORD_V2
 from tn.logstore.ack_future import AckFuture, set_results
 from tn.logstore.driver import LogClosedError
 from tn.logstore.kafka_backend.exceptions import (
@@ -53,7 +57,7 @@ from tn.logstore.kafka_backend.exceptions import (
     AppendTimeoutError,
     WindowTimeoutError,
 )
-from tn.logstore.kafka_backend.headers import FRAME_OVERHEAD, encode_entries, entries_headers
+from tn.logstore.kafka_backend.headers import encode_value, entries_headers
 from tn.logstore.kafka_backend.replay import RecordInfo, Segment
 from tn.logstore.kafka_backend.window import Window
 
@@ -77,6 +81,9 @@ class WriterSettings:
     # bus starts its next transaction (`issue_open_group`), or when full; `kick` tells
     # the bus an idle group has entries
     kick: Callable[[], None] | None = None
+    # the record format written (`schemas.wal_record`): 2, columnar, for groups of WAL
+    # entries; 1 writes what kwal wrote before version 2 existed (tests of old records)
+    record_version: int = RECORD_V2
 
 
 class GroupWriter:
@@ -227,14 +234,14 @@ class GroupWriter:
         order: the window orders acknowledgements)."""
         first, payloads, partition, acked = issue
         count = len(payloads)
-        value = encode_entries(payloads)
-        headers = entries_headers(self._epoch, first, count, acked, self._writer_id)
-        size = len(value)
-
-        def on_delivery(err: KafkaError | None, msg: Message) -> None:
-            self._delivered(err, msg, issue, size)
-
         try:
+            value, version = encode_value(payloads, self._s.record_version, first)
+            headers = entries_headers(self._epoch, first, count, acked, self._writer_id, version)
+            size = len(value)
+
+            def on_delivery(err: KafkaError | None, msg: Message) -> None:
+                self._delivered(err, msg, issue, size)
+
             self._producer.produce(
                 self._topic,
                 value=value,
@@ -242,7 +249,7 @@ class GroupWriter:
                 headers=headers,
                 on_delivery=on_delivery,
             )
-        except Exception as e:  # any produce failure (BufferError, KafkaException) fails the writer
+        except Exception as e:  # any encode or produce failure (BufferError, KafkaException, ...) fails the writer
             with self._cond:
                 self._in_flight -= 1
                 self._fail_locked(
