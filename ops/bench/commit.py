@@ -42,6 +42,7 @@ from confluent_kafka import KafkaException, Producer
 from infra.config import KwalConfig
 from ops.bench.kafka import bench_kafka
 from ops.bench.report import emit, percentile, ratio
+from ops.bench.saturated import bench_raw_kafka, bench_saturated
 
 CLIENTS = (1, 16, 64)
 DB, TABLE = "bench", "t"
@@ -150,7 +151,14 @@ def _record(out: dict[str, Any], prefix: str, n: int, measured: Measured, what: 
     _log(f"{what} at {n} clients: {tps}/s, p50 {p50} ms, p99 {p99} ms")
 
 
-def _bench_kwal(cfg: KwalConfig, seconds: float, out: dict[str, Any], workdir: Path) -> None:
+def _bench_kwal(
+    cfg: KwalConfig,
+    seconds: float,
+    out: dict[str, Any],
+    workdir: Path,
+    saturated_seconds: float = 0.0,
+    chained: bool = True,
+) -> None:
     from infra.topics import ensure_topics
     from producers import Client
     from tn.service.process import TnProcess
@@ -169,7 +177,12 @@ def _bench_kwal(cfg: KwalConfig, seconds: float, out: dict[str, Any], workdir: P
         ids = itertools.count(1)
         for _ in range(50):  # warm up both sides
             setup.begin().insert(f"{DB}.{TABLE}", [{"id": next(ids), "v": 0}]).commit(timeout=60)
-        for n in CLIENTS:
+        if saturated_seconds > 0:
+            assert tn.proc is not None
+            bench_saturated(
+                cfg, tn.proc.pid, ids, f"{DB}.{TABLE}", seconds, saturated_seconds, out
+            )
+        for n in CLIENTS if chained else ():
             workers = [Client(cfg, client_id=f"bench-{n}-{i}") for i in range(n)]
             clients.extend(workers)
 
@@ -259,6 +272,8 @@ def _txn_producer(cfg: KwalConfig, txn_id: str) -> Producer:
 
 def run(args: Any, cfg: KwalConfig) -> int:
     seconds = float(getattr(args, "seconds", 5.0) or 5.0)
+    saturated_seconds = float(getattr(args, "saturated_seconds", 60.0) or 0.0)
+    saturated_only = bool(getattr(args, "saturated_only", False))
     workdir = Path(tempfile.mkdtemp(prefix="kwal-bench-commit-"))
     out: dict[str, Any] = {"bench": "commit", "seconds": seconds, "clients": list(CLIENTS)}
     with bench_kafka(cfg, "commit") as (cfg, where, _broker):
@@ -268,7 +283,11 @@ def run(args: Any, cfg: KwalConfig) -> int:
             wal.dir = str(workdir / "wal")
         cfg = dataclasses.replace(cfg, wal=wal)
         out["wal_backend"] = wal.backend
-        _bench_kwal(cfg, seconds, out, workdir)
+        bench_raw_kafka(cfg, seconds, out)
+        _bench_kwal(cfg, seconds, out, workdir, saturated_seconds, not saturated_only)
+        if saturated_only:
+            emit(out)
+            return 0
         _bench_echo(cfg, seconds, out)
         out["vs_echo_64"] = ratio(out["tps_64"], out["echo_tps_64"])
         _bench_kafka_txn(cfg, seconds, out)
