@@ -24,7 +24,6 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
@@ -32,12 +31,11 @@ from typing import Any
 from confluent_kafka import Producer
 
 from infra.config import KwalConfig
+from ops.bench.chained import Measured, measure_chained
 from ops.bench.report import percentile
 
 SAT_CLIENTS, SAT_INFLIGHT = 8, 128  # 1,024 one-row commits in flight
 BIG_CLIENTS, BIG_INFLIGHT, BIG_ROWS = 4, 4, 1000
-
-Measured = tuple[int, float, list[float], int]
 
 
 def _log(msg: str) -> None:
@@ -87,14 +85,6 @@ class RssSampler:
         return self.samples
 
 
-def measure_pipelined(slots: int, seconds: float, start: Callable[[int], Future[Any]]) -> Measured:
-    """`slots` chains of commits, each sending its next one when its previous one's result
-    arrives; (commits done, elapsed s, latencies ms, errors)."""
-    from ops.bench.commit import _measure_chained
-
-    return _measure_chained(slots, seconds, start)
-
-
 def _record(out: dict[str, Any], name: str, m: Measured, rows: int) -> None:
     done, elapsed, samples, errors = m
     tps = done / elapsed if elapsed else 0.0
@@ -136,7 +126,7 @@ def bench_saturated(
         out["tn_rss_mb_start"] = round(rss_mb(tn_pid), 1)
         sampler = RssSampler(tn_pid).start()
         tn_cpu0, my_cpu0 = cpu_s(tn_pid), sum(os.times()[:2])
-        m = measure_pipelined(SAT_CLIENTS * SAT_INFLIGHT, saturated_seconds, one_row)
+        m = measure_chained(SAT_CLIENTS * SAT_INFLIGHT, saturated_seconds, one_row)
         tn_cpu, my_cpu = cpu_s(tn_pid) - tn_cpu0, sum(os.times()[:2]) - my_cpu0
         samples = sampler.stop()
         if m[0]:
@@ -175,7 +165,7 @@ def bench_saturated(
             return c.begin().insert(table, rows).commit_async()
 
         tn_cpu0 = cpu_s(tn_pid)
-        m = measure_pipelined(BIG_CLIENTS * BIG_INFLIGHT, seconds, thousand)
+        m = measure_chained(BIG_CLIENTS * BIG_INFLIGHT, seconds, thousand)
         if m[0]:
             out["tn_cpu_us_per_row_1000row"] = round(
                 (cpu_s(tn_pid) - tn_cpu0) / m[0] / BIG_ROWS * 1e6, 2
