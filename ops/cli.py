@@ -70,6 +70,10 @@ def build_parser() -> argparse.ArgumentParser:
     bwal.add_argument("--entries", type=int, default=0, help="entries per run (0 = the bench's default)")
     bcommit = _command(bench, "commit", "ops.bench.commit:run", "TN commit throughput vs Kafka transactions")
     bcommit.add_argument("--seconds", type=float, default=5.0, help="seconds per client count")
+    bcommit.add_argument("--saturated-seconds", type=float, default=60.0,
+                         help="length of the saturated 1-row phase (TN RSS sampled over it)")
+    bcommit.add_argument("--saturated-only", action="store_true",
+                         help="only raw Kafka and the saturated phases (profiling runs)")
 
     blog = _command(bench, "logtail", "ops.bench.logtail:run", "commit-to-visible latency at a CN")
     blog.add_argument("--seconds", type=float, default=5.0, help="seconds per target rate")

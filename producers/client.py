@@ -8,7 +8,10 @@
     future = other_txn.commit_async()          # Future[CommitResult]
     txn.commit(request_id=rid)                 # a retry: the TN runs an id once (docs/retries.md)
 
-How results come back: every Client in a process shares (per bootstrap and
+How results come back: one record per result, or -- since every request of this
+client carries the header ``kwal-results: batch`` -- one record holding several
+results of the same client (the TN packs what it has ready); the reader settles a
+record's futures taking its lock once. Every Client in a process shares (per bootstrap and
 results topic) ONE Kafka producer and ONE results reader thread. The reader
 `assign()`s the results topic's partitions at their high watermark read
 *when the reader starts*, before any request of this process is sent. The
@@ -55,11 +58,13 @@ from producers.exceptions import (
 )
 from producers.spill import check_size, discard, needs_spill, spill
 from schemas.requests import (
+    RESULTS_BATCH,
+    RESULTS_HEADER,
     Column,
     OpKind,
     TxnOp,
     TxnRequest,
-    decode_result,
+    decode_results,
     encode_request,
 )
 
@@ -71,6 +76,10 @@ class CommitResult:
     commit_ts: int
     request_id: str
 
+
+# This client reads result batches: the TN may answer several of its requests in one
+# `txn_result_batch` record (schemas.requests); without the header it answers each alone.
+_REQUEST_HEADERS: list[tuple[str, str | bytes | None]] = [(RESULTS_HEADER, RESULTS_BATCH)]
 
 MAX_REQUEST_ID_BYTES = 256  # the TN reads an id back from a body it cannot decode up to this
 
@@ -338,23 +347,29 @@ class _ResultRouter:
                 self._route(msg.value())
 
     def _route(self, value: bytes | None) -> None:
+        """Settle the futures of the results in one record (one result, or a batch of
+        one client's: `schemas.requests.decode_results`), taking the lock once."""
         if not value:
             return
         try:
-            res = decode_result(value)
+            results = decode_results(value)
         except Exception:
             return  # not ours to judge; a result we cannot read routes nowhere
         with self._plock:
-            futs = self._pending.pop(res.request_id, [])
-        for fut in futs:
-            if fut.done():
+            pop = self._pending.pop
+            routed = [(res, pop(res.request_id, None)) for res in results]
+        for res, futs in routed:
+            if not futs:
                 continue
-            if res.committed:
-                fut.set_result(CommitResult(res.commit_ts, res.request_id))
-            else:
-                fut.set_exception(
-                    error_for(res.kind.value, res.reason, res.message, res.request_id)
-                )
+            for fut in futs:
+                if fut.done():
+                    continue
+                if res.committed:
+                    fut.set_result(CommitResult(res.commit_ts, res.request_id))
+                else:
+                    fut.set_exception(
+                        error_for(res.kind.value, res.reason, res.message, res.request_id)
+                    )
 
 
 # ---- the public API ------------------------------------------------------------------------
@@ -448,6 +463,7 @@ class Client:
                     value=payload,
                     key=self.client_id,
                     on_delivery=on_delivery,
+                    headers=_REQUEST_HEADERS,
                 )
                 return
             except BufferError:

@@ -6,7 +6,10 @@ envelope (`txn_request.avsc`, `txn_result.avsc`) and back. Row batches and
 delete keys travel as Arrow IPC streams (`schemas.arrow_ipc`).
 
 Topics and keys: a request goes to the requests topic keyed by its client id;
-its result to the results topic keyed by the request id.
+its result to the results topic keyed by the request id -- or, for a client that
+asks for it (request header ``kwal-results: batch``), several results of that
+client in ONE `txn_result_batch` record keyed by the client id
+(`encode_results`; `decode_results` reads either form).
 """
 
 from __future__ import annotations
@@ -26,6 +29,14 @@ REQUEST_SCHEMA = "txn_request"
 REQUEST_SCHEMA_V2 = "txn_request_v2"
 REQUEST_SCHEMAS = (REQUEST_SCHEMA, REQUEST_SCHEMA_V2)
 RESULT_SCHEMA = "txn_result"
+# several results of one client in one record (a client that sent RESULTS_HEADER=batch)
+RESULT_BATCH_SCHEMA = "txn_result_batch"
+RESULT_SCHEMAS = (RESULT_SCHEMA, RESULT_BATCH_SCHEMA)
+# The request header by which a client says it reads RESULT_BATCH_SCHEMA records: the
+# TN answers a request without it with one `txn_result` record, as every earlier
+# client expects.
+RESULTS_HEADER = "kwal-results"
+RESULTS_BATCH = b"batch"
 
 
 class OpKind(StrEnum):
@@ -263,6 +274,22 @@ def encode_result(res: TxnResult) -> bytes:
 def decode_result(data: bytes) -> TxnResult:
     _, d = decode_record(data, RESULT_SCHEMA)
     return result_from_dict(d)
+
+
+def encode_results(results: list[TxnResult]) -> bytes:
+    """Several results (of one client) as ONE `txn_result_batch` record."""
+    return encode_record(RESULT_BATCH_SCHEMA, {"results": [result_to_dict(r) for r in results]})
+
+
+def decode_results(data: bytes) -> list[TxnResult]:
+    """The results in a results-topic record of either form (`txn_result`: one;
+    `txn_result_batch`: several). Raises the codec's errors."""
+    if schema_of(data) not in RESULT_SCHEMAS:
+        decode_record(data, RESULT_SCHEMA)  # raises UnexpectedSchemaError naming it
+    name, d = decode_record(data)
+    if name == RESULT_SCHEMA:
+        return [result_from_dict(d)]
+    return [result_from_dict(r) for r in d["results"]]
 
 
 def peek_request_id(data: bytes) -> str | None:

@@ -6,6 +6,11 @@ client. For 1, 16 and 64 concurrent clients (each its own `Client`, with one
 1-row insert transaction in flight at a time: the next is sent when the
 previous one's result arrives) for `--seconds` each.
 
+Before those, the saturated phases (`ops.bench.saturated`): clients pipelining many
+commits each (``tps_saturated_1row``, ``rows_per_s_1000row``, CPU per commit, the TN's
+RSS over ``--saturated-seconds``) and, first of all, the broker's raw produce rate in
+the same run (``raw_kafka_msgs_per_s``). ``--saturated-only`` stops after them.
+
 Then the ceiling (`ops.bench.echo`): the same request -> result round trip
 through the broker with no TN at all (an echo subprocess), driven the same
 way: ``echo_tps_<n>``, ``echo_p50_ms_<n>``, and ``vs_echo_64`` (kwal's rate at
@@ -40,12 +45,13 @@ from typing import Any
 from confluent_kafka import KafkaException, Producer
 
 from infra.config import KwalConfig
+from ops.bench.chained import Measured, measure_chained
 from ops.bench.kafka import bench_kafka
 from ops.bench.report import emit, percentile, ratio
+from ops.bench.saturated import bench_raw_kafka, bench_saturated
 
 CLIENTS = (1, 16, 64)
 DB, TABLE = "bench", "t"
-Measured = tuple[int, float, list[float], int]  # ops done, elapsed s, latencies ms, errors
 
 
 def _log(msg: str) -> None:
@@ -88,57 +94,6 @@ def _measure(n: int, seconds: float, make_worker: Callable[[int], Callable[[], N
     return len(samples), elapsed, samples, sum(errors)
 
 
-def _measure_chained(n: int, seconds: float, start: Callable[[int], Future[Any]]) -> Measured:
-    """n clients, each with exactly one transaction in flight: when one's result
-    arrives (a future callback) it records the latency and sends its next one.
-    Same load as n threads blocking on commit(), without n Python threads
-    fighting for the GIL in the benchmark process itself."""
-    stop = threading.Event()
-    lock = threading.Lock()
-    samples: list[float] = []
-    errors = [0]
-    active = [n]
-    idle = threading.Event()
-
-    def launch(i: int) -> None:
-        t0 = time.perf_counter()
-        try:
-            fut = start(i)
-        except Exception:  # noqa: BLE001 - counted
-            with lock:
-                errors[0] += 1
-                active[0] -= 1
-                if not active[0]:
-                    idle.set()
-            return
-        fut.add_done_callback(lambda f: done(i, t0, f))
-
-    def done(i: int, t0: float, fut: Future[Any]) -> None:
-        ms = (time.perf_counter() - t0) * 1000
-        with lock:
-            if fut.exception() is None:
-                samples.append(ms)
-            else:
-                errors[0] += 1
-            if stop.is_set():
-                active[0] -= 1
-                if not active[0]:
-                    idle.set()
-                return
-        launch(i)
-
-    t_start = time.perf_counter()
-    for i in range(n):
-        launch(i)
-    time.sleep(seconds)
-    with lock:
-        stop.set()
-        counted = len(samples)
-    elapsed = time.perf_counter() - t_start
-    idle.wait(60)
-    return counted, elapsed, samples[:counted], errors[0]
-
-
 def _record(out: dict[str, Any], prefix: str, n: int, measured: Measured, what: str) -> None:
     """One phase's figures under `prefix`: ``<prefix>tps_<n>``, ``<prefix>p50_ms_<n>``,
     ``<prefix>p99_ms_<n>``, ``<prefix>errors_<n>``; and a progress line."""
@@ -150,7 +105,14 @@ def _record(out: dict[str, Any], prefix: str, n: int, measured: Measured, what: 
     _log(f"{what} at {n} clients: {tps}/s, p50 {p50} ms, p99 {p99} ms")
 
 
-def _bench_kwal(cfg: KwalConfig, seconds: float, out: dict[str, Any], workdir: Path) -> None:
+def _bench_kwal(
+    cfg: KwalConfig,
+    seconds: float,
+    out: dict[str, Any],
+    workdir: Path,
+    saturated_seconds: float = 0.0,
+    chained: bool = True,
+) -> None:
     from infra.topics import ensure_topics
     from producers import Client
     from tn.service.process import TnProcess
@@ -169,7 +131,12 @@ def _bench_kwal(cfg: KwalConfig, seconds: float, out: dict[str, Any], workdir: P
         ids = itertools.count(1)
         for _ in range(50):  # warm up both sides
             setup.begin().insert(f"{DB}.{TABLE}", [{"id": next(ids), "v": 0}]).commit(timeout=60)
-        for n in CLIENTS:
+        if saturated_seconds > 0:
+            assert tn.proc is not None
+            bench_saturated(
+                cfg, tn.proc.pid, ids, f"{DB}.{TABLE}", seconds, saturated_seconds, out
+            )
+        for n in CLIENTS if chained else ():
             workers = [Client(cfg, client_id=f"bench-{n}-{i}") for i in range(n)]
             clients.extend(workers)
 
@@ -177,7 +144,7 @@ def _bench_kwal(cfg: KwalConfig, seconds: float, out: dict[str, Any], workdir: P
                 c = workers[i]
                 return c.begin().insert(f"{DB}.{TABLE}", [{"id": next(ids), "v": i}]).commit_async()
 
-            _record(out, "", n, _measure_chained(n, seconds, start), "kwal commits")
+            _record(out, "", n, measure_chained(n, seconds, start), "kwal commits")
     finally:
         for c in clients:
             c.close()
@@ -196,7 +163,7 @@ def _bench_echo(cfg: KwalConfig, seconds: float, out: dict[str, Any]) -> None:
             for _ in range(50):  # warm up both sides
                 clients.send().result(30)
             for n in CLIENTS:
-                measured = _measure_chained(n, seconds, lambda i: clients.send())
+                measured = measure_chained(n, seconds, lambda i: clients.send())
                 _record(out, "echo_", n, measured, "echo round trips")
         finally:
             clients.close()
@@ -259,6 +226,8 @@ def _txn_producer(cfg: KwalConfig, txn_id: str) -> Producer:
 
 def run(args: Any, cfg: KwalConfig) -> int:
     seconds = float(getattr(args, "seconds", 5.0) or 5.0)
+    saturated_seconds = float(getattr(args, "saturated_seconds", 60.0) or 0.0)
+    saturated_only = bool(getattr(args, "saturated_only", False))
     workdir = Path(tempfile.mkdtemp(prefix="kwal-bench-commit-"))
     out: dict[str, Any] = {"bench": "commit", "seconds": seconds, "clients": list(CLIENTS)}
     with bench_kafka(cfg, "commit") as (cfg, where, _broker):
@@ -268,7 +237,11 @@ def run(args: Any, cfg: KwalConfig) -> int:
             wal.dir = str(workdir / "wal")
         cfg = dataclasses.replace(cfg, wal=wal)
         out["wal_backend"] = wal.backend
-        _bench_kwal(cfg, seconds, out, workdir)
+        bench_raw_kafka(cfg, seconds, out)
+        _bench_kwal(cfg, seconds, out, workdir, saturated_seconds, not saturated_only)
+        if saturated_only:
+            emit(out)
+            return 0
         _bench_echo(cfg, seconds, out)
         out["vs_echo_64"] = ratio(out["tps_64"], out["echo_tps_64"])
         _bench_kafka_txn(cfg, seconds, out)

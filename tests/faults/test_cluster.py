@@ -38,7 +38,7 @@ from infra.topic_scan import read_to_end
 from infra.topics import ensure_topics
 from producers import Client
 from producers import TimeoutError as ClientTimeout
-from schemas.requests import decode_result
+from schemas.requests import decode_results
 from tests.conftest import LOG_DIR, unique
 from tests.faults.commit_load import Commit, CommitLoad
 from tests.service.harness import recover_engine
@@ -106,8 +106,8 @@ def _check_after(cfg: KwalConfig, tn: TnProcess, live_cn: CN, commits: list[Comm
     outcomes: dict[str, set[tuple[str, int]]] = {}
 
     def on_result(msg: object) -> None:
-        res = decode_result(msg.value())  # type: ignore[attr-defined]
-        outcomes.setdefault(res.request_id, set()).add((res.status.value, res.commit_ts))
+        for res in decode_results(msg.value()):  # type: ignore[attr-defined]
+            outcomes.setdefault(res.request_id, set()).add((res.status.value, res.commit_ts))
 
     read_to_end(cfg, cfg.topics.results, [0], on_result, timeout_s=60)
     twice = {rid: o for rid, o in outcomes.items() if len(o) > 1}

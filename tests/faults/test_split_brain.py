@@ -38,7 +38,7 @@ from infra.config import KwalConfig
 from infra.objectstore import open_store
 from infra.topics import ensure_topics
 from producers import Client, CommitResult, ProducerError
-from schemas.requests import decode_result
+from schemas.requests import decode_results
 from tests.service.harness import recover_engine
 from tests.waiting import wait_until
 from tn.service.main import FENCED_EXIT
@@ -203,9 +203,11 @@ def _results(cfg: KwalConfig) -> dict[str, set[tuple[bool, int, str]]]:
             assert time.monotonic() < deadline, "reading the results topic did not end"
             for m in c.consume(1000, 0.2):
                 if m.error() is None:
-                    res = decode_result(m.value() or b"")
-                    kind = "" if res.committed else f"{res.kind.value}/{res.reason}"
-                    out[res.request_id].add((res.committed, res.commit_ts if res.committed else 0, kind))
+                    for res in decode_results(m.value() or b""):
+                        kind = "" if res.committed else f"{res.kind.value}/{res.reason}"
+                        out[res.request_id].add(
+                            (res.committed, res.commit_ts if res.committed else 0, kind)
+                        )
     finally:
         c.close()
     return out

@@ -19,7 +19,7 @@ from schemas.requests import (
     TxnOp,
     TxnRequest,
     TxnResult,
-    decode_result,
+    decode_results,
     encode_request,
 )
 from tests.delivery import NoOffset
@@ -54,7 +54,8 @@ def raw_results(
         while len(out) < want and time.monotonic() < deadline:
             for m in c.consume(100, timeout=0.2):
                 if m.error() is None:
-                    out.append((m.key(), decode_result(m.value() or b"")))
+                    # one result, or a batch of one client's (a `Client` asks for them)
+                    out.extend((m.key(), r) for r in decode_results(m.value() or b""))
     finally:
         c.close()
     return out

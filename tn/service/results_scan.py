@@ -17,7 +17,7 @@ from confluent_kafka import Consumer, TopicPartition
 from infra.config import KwalConfig
 from infra.kafka_io import poll_batch
 from schemas.exceptions import CodecError
-from schemas.requests import TxnResult, decode_result
+from schemas.requests import TxnResult, decode_results
 
 log = logging.getLogger("kwal.tn.service")
 
@@ -55,9 +55,10 @@ def read_results(cfg: KwalConfig, from_offset: int) -> Iterator[TxnResult]:
                 got = True
                 position = (msg.offset() or 0) + 1
                 try:
-                    yield decode_result(msg.value() or b"")
+                    results = decode_results(msg.value() or b"")
                 except CodecError:
                     continue
+                yield from results
             # the consumer's position moves past transaction markers and aborted
             # records too, which no message shows
             now = consumer.position([TopicPartition(topic, 0)])[0].offset

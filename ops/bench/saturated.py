@@ -1,0 +1,214 @@
+"""The saturated phases of `kwal bench commit`: clients pipelining many commits each.
+
+1. ``tps_saturated_1row``: `SAT_CLIENTS` clients (each its own `Client`), each keeping
+   `SAT_INFLIGHT` one-row insert transactions in flight (a slot sends its next one when
+   the previous one's result arrives), for the phase's seconds; p50/p99 of the commit
+   latency beside it (``p50_ms_saturated_1row``, ``p99_ms_saturated_1row``).
+2. ``rows_per_s_1000row``: `BIG_CLIENTS` clients x `BIG_INFLIGHT` transactions in flight,
+   1,000 rows each (``txn_per_s_1000row``, p50/p99 beside it).
+   ``tn_cpu_us_per_commit_1row`` / ``client_cpu_us_per_commit_1row``: CPU seconds the TN
+   (and this process, the clients) used per commit over the phase -- the figure that
+   stays meaningful on a loaded machine, where rates swing with the neighbours.
+3. ``tn_peak_rss_mb`` / ``tn_rss_mb_start`` / ``tn_rss_mb_end``: the TN's resident set,
+   sampled every 0.5 s over the saturated 1-row phase (its length: ``--saturated-seconds``,
+   60 by default) -- flat means no growth from start to end.
+4. ``raw_kafka_msgs_per_s``: in the same run, on the same broker, one idempotent
+   producer (acks=all, linger 2 ms) producing 100-byte records as fast as it can:
+   the broker's own rate for single small records on this machine.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import sys
+import threading
+import time
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+from confluent_kafka import Producer
+
+from infra.config import KwalConfig
+from ops.bench.chained import Measured, measure_chained
+from ops.bench.report import percentile
+
+SAT_CLIENTS, SAT_INFLIGHT = 8, 128  # 1,024 one-row commits in flight
+BIG_CLIENTS, BIG_INFLIGHT, BIG_ROWS = 4, 4, 1000
+
+
+def _log(msg: str) -> None:
+    print(f"[bench commit] {msg}", file=sys.stderr, flush=True)
+
+
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds process `pid` has used (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def rss_mb(pid: int) -> float:
+    """The resident set of process `pid` in MiB (Linux /proc)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+class RssSampler:
+    """Samples a process's RSS every `interval_s` on a thread until `stop()`."""
+
+    def __init__(self, pid: int, interval_s: float = 0.5) -> None:
+        self.pid = pid
+        self.samples: list[float] = []
+        self._stop = threading.Event()
+        self._interval = interval_s
+        self._thread = threading.Thread(target=self._run, name="rss-sampler", daemon=True)
+
+    def start(self) -> RssSampler:
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while True:
+            try:
+                self.samples.append(rss_mb(self.pid))
+            except OSError:
+                return
+            if self._stop.wait(self._interval):
+                return
+
+    def stop(self) -> list[float]:
+        self._stop.set()
+        self._thread.join(5)
+        return self.samples
+
+
+def _record(out: dict[str, Any], name: str, m: Measured, rows: int) -> None:
+    done, elapsed, samples, errors = m
+    tps = done / elapsed if elapsed else 0.0
+    out[f"p50_ms_{name}"] = round(percentile(samples, 50), 2)
+    out[f"p99_ms_{name}"] = round(percentile(samples, 99), 2)
+    out[f"errors_{name}"] = errors
+    if rows == 1:
+        out[f"tps_{name}"] = round(tps, 1)
+    else:
+        out[f"txn_per_s_{name}"] = round(tps, 1)
+        out[f"rows_per_s_{name}"] = round(tps * rows)
+    _log(
+        f"{name}: {tps:.0f} txn/s ({tps * rows:.0f} rows/s), p50 {out[f'p50_ms_{name}']} ms, "
+        f"p99 {out[f'p99_ms_{name}']} ms, errors {errors}"
+    )
+
+
+def bench_saturated(
+    cfg: KwalConfig,
+    tn_pid: int,
+    ids: itertools.count[int],
+    table: str,
+    seconds: float,
+    saturated_seconds: float,
+    out: dict[str, Any],
+) -> None:
+    """Phases 1-3 against a running TN (pid `tn_pid`), inserting into `table`."""
+    from producers import Client
+
+    clients = [Client(cfg, client_id=f"bench-sat-{i}") for i in range(SAT_CLIENTS)]
+    try:
+        out["saturated_clients"] = SAT_CLIENTS
+        out["saturated_inflight_per_client"] = SAT_INFLIGHT
+
+        def one_row(i: int) -> Future[Any]:
+            c = clients[i % SAT_CLIENTS]
+            return c.begin().insert(table, [{"id": next(ids), "v": i}]).commit_async()
+
+        out["tn_rss_mb_start"] = round(rss_mb(tn_pid), 1)
+        sampler = RssSampler(tn_pid).start()
+        tn_cpu0, my_cpu0 = cpu_s(tn_pid), sum(os.times()[:2])
+        m = measure_chained(SAT_CLIENTS * SAT_INFLIGHT, saturated_seconds, one_row)
+        tn_cpu, my_cpu = cpu_s(tn_pid) - tn_cpu0, sum(os.times()[:2]) - my_cpu0
+        samples = sampler.stop()
+        if m[0]:
+            # CPU per commit: far less noisy than rates on a shared machine
+            out["tn_cpu_us_per_commit_1row"] = round(tn_cpu / m[0] * 1e6, 1)
+            out["client_cpu_us_per_commit_1row"] = round(my_cpu / m[0] * 1e6, 1)
+            _log(
+                f"CPU per commit: TN {out['tn_cpu_us_per_commit_1row']} us, clients (this "
+                f"process) {out['client_cpu_us_per_commit_1row']} us"
+            )
+        out["saturated_seconds"] = saturated_seconds
+        _record(out, "saturated_1row", m, 1)
+        out["tn_peak_rss_mb"] = round(max(samples, default=0.0), 1)
+        out["tn_rss_mb_end"] = round(samples[-1], 1) if samples else None
+        _log(
+            f"TN RSS: start {out['tn_rss_mb_start']} MiB, peak {out['tn_peak_rss_mb']} MiB, "
+            f"end {out['tn_rss_mb_end']} MiB"
+        )
+
+        import pyarrow as pa
+
+        out["big_clients"] = BIG_CLIENTS
+        out["big_inflight_per_client"] = BIG_INFLIGHT
+
+        def thousand(i: int) -> Future[Any]:
+            c = clients[i % BIG_CLIENTS]
+            first = next(ids)
+            for _ in range(BIG_ROWS - 1):
+                next(ids)
+            rows = pa.table(
+                {
+                    "id": pa.array(range(first, first + BIG_ROWS), pa.int64()),
+                    "v": pa.array([i] * BIG_ROWS, pa.int64()),
+                }
+            )
+            return c.begin().insert(table, rows).commit_async()
+
+        tn_cpu0 = cpu_s(tn_pid)
+        m = measure_chained(BIG_CLIENTS * BIG_INFLIGHT, seconds, thousand)
+        if m[0]:
+            out["tn_cpu_us_per_row_1000row"] = round(
+                (cpu_s(tn_pid) - tn_cpu0) / m[0] / BIG_ROWS * 1e6, 2
+            )
+        _record(out, "1000row", m, BIG_ROWS)
+    finally:
+        for c in clients:
+            c.close()
+
+
+def bench_raw_kafka(cfg: KwalConfig, seconds: float, out: dict[str, Any]) -> None:
+    """Phase 4: raw produce rate of small records on the same broker."""
+    from infra.topics import TopicSpec, ensure_topics
+
+    topic = cfg.topics.name("bench-raw")
+    ensure_topics(cfg, [TopicSpec(topic, 1, {"cleanup.policy": "delete"})])
+    p = Producer(
+        cfg.kafka_client(
+            **{
+                "linger.ms": 2,
+                "acks": "all",
+                "enable.idempotence": True,
+                "queue.buffering.max.messages": 500_000,
+            }
+        )
+    )
+    payload = b"x" * 100
+    acked = [0]
+
+    def done(err: Any, msg: Any) -> None:
+        if err is None:
+            acked[0] += 1
+
+    t0 = time.perf_counter()
+    deadline = t0 + seconds
+    while time.perf_counter() < deadline:
+        for _ in range(1000):
+            try:
+                p.produce(topic, payload, on_delivery=done)
+            except BufferError:
+                p.poll(0.005)
+        p.poll(0)
+    p.flush(30)
+    elapsed = time.perf_counter() - t0
+    out["raw_kafka_msgs_per_s"] = round(acked[0] / elapsed)
+    _log(f"raw Kafka produce: {out['raw_kafka_msgs_per_s']} records/s")
