@@ -9,17 +9,24 @@ commits (that transaction logs their creation).
 The primary-key index maps key -> [block, row, last_write_ts, live]: the newest
 committed (or queued-to-commit) write of that key. It is updated in commit
 order by the pipeline, and serves the write-write conflict check and
-delete-by-key.
+delete-by-key. It holds only the working set (docs/memory.md): the checkpoint
+prunes (`prune`) the entries of rows in flushed blocks once no active transaction
+started before them (a conflict check, `ts > StartTS`, could not hit them any
+more). Duplicate-key checks and deletes find those keys through the flushed
+blocks' key filters (`lookup_many`, tn.memtable.flushed): a filter hit reads the
+block's key column; the row's commit/delete ts come from its objects.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from tn.catalog.nodes import BlockNode, SegmentNode, TableNode
+from tn.catalog.nodes import ABORTED_TS, MAX_TS, BlockNode, SegmentNode, TableNode
 from tn.memtable.block import BLOCK_ROWS, MemBlock
+from tn.memtable.flushed import DroppedCols, FlushedKeys, ObjectRows
+from tn.memtable.pk_filter import KeyFilter, filter_bits
 
 SEGMENT_BLOCKS = 16
 
@@ -28,13 +35,33 @@ Range = tuple[BlockNode, int, int, int]
 
 
 class TableData:
-    __slots__ = ("lock", "segments", "blocks", "index", "open_block", "_alloc", "table")
+    __slots__ = (
+        "lock",
+        "segments",
+        "blocks",
+        "index",
+        "index_lock",
+        "flushed",
+        "objects",
+        "open_block",
+        "_alloc",
+        "table",
+    )
 
-    def __init__(self, alloc_id: Callable[[], int]) -> None:
+    def __init__(
+        self,
+        alloc_id: Callable[[], int],
+        objects: Callable[[], ObjectRows | None] | None = None,
+    ) -> None:
         self.lock = threading.Lock()
         self.segments: list[SegmentNode] = []
         self.blocks: list[BlockNode] = []
         self.index: dict[Any, list[Any]] = {}
+        # serializes index writers (the pipeline's index_commit, the checkpoint's prune);
+        # readers read the dict without it
+        self.index_lock = threading.Lock()
+        self.flushed = FlushedKeys()
+        self.objects = objects or (lambda: None)  # the object reader (tn.checkpoint)
         self.open_block: BlockNode | None = None
         self._alloc = alloc_id
         self.table: TableNode | None = None  # set by the catalog
@@ -130,12 +157,114 @@ class TableData:
         deletes: list[tuple[Any, BlockNode, int]],
         ts: int,
     ) -> None:
-        """Record a committing transaction's writes: its inserts in order, then its deletes."""
+        """Record a committing transaction's writes: its inserts in order, then its deletes.
+        A delete of a row whose entry was pruned (a flushed row) enters the index: later
+        conflict checks must see it."""
         idx = self.index
-        for key, blk, row in inserts:
-            idx[key] = [blk, row, ts, True]
-        for key, blk, row in deletes:
-            e = idx.get(key)
-            if e is not None and e[0] is blk and e[1] == row:
-                e[2] = ts
-                e[3] = False
+        with self.index_lock:
+            for key, blk, row in inserts:
+                idx[key] = [blk, row, ts, True]
+            for key, blk, row in deletes:
+                e = idx.get(key)
+                if e is None:
+                    idx[key] = [blk, row, ts, False]
+                elif e[0] is blk and e[1] == row:
+                    e[2] = ts
+                    e[3] = False
+
+    def pk_cid(self) -> int:
+        assert self.table is not None
+        schema = self.table.schemas[-1][1]
+        return schema.column(schema.primary_key).column_id
+
+    def lookup_many(self, keys: Sequence[Any]) -> dict[Any, list[Any]]:
+        """key -> [block, row, last write ts, live] of each key's newest write (keys never
+        written are absent): the index, else the flushed blocks (their key filters, then
+        their key column and row ts). Entries are copies: read-only."""
+        idx = self.index
+        out: dict[Any, list[Any]] = {}
+        check: list[Any] = []
+        for k in keys:
+            e = idx.get(k)
+            if e is None:
+                check.append(k)
+            else:
+                e = list(e)
+                out[k] = e
+                if not e[3]:  # a delete: a newer live row may be in a flushed block
+                    check.append(k)
+        if not check or not len(self.flushed):
+            return out
+        for k, fe in self._lookup_flushed(check).items():
+            he = out.get(k)
+            if he is None:
+                out[k] = fe
+            elif fe[3] and (fe[0] is not he[0] or fe[1] != he[1]) and fe[2] > he[2]:
+                out[k] = fe
+        return out
+
+    def _lookup_flushed(self, keys: list[Any]) -> dict[Any, list[Any]]:
+        reader = self.objects()
+        if reader is None:
+            return {}
+        pk = self.pk_cid()
+        m = filter_bits(BLOCK_ROWS, reader.bits_per_key)
+        best: dict[Any, list[Any]] = {}
+        for i, blk in self.flushed.candidates(keys, reader, pk, m):
+            if blk.delete_ts != MAX_TS:
+                continue
+            mem = blk.mem
+            cols = mem.cols
+            if not isinstance(cols, DroppedCols):
+                continue
+            key = keys[i]
+            rows = reader.key_rows(cols.loc, pk, len(mem)).get(key)
+            if not rows:
+                continue  # a false positive of the filter: one read, no answer
+            cts = mem.cts.array() if mem.flushed else None
+            for r in rows:
+                c = int(cts[r]) if cts is not None else int(mem.cts[r])
+                if c >= ABORTED_TS:
+                    continue
+                d = int(mem.dts[r])
+                e = [blk, r, max(c, blk.create_ts), True] if d == MAX_TS else [blk, r, d, False]
+                cur = best.get(key)
+                if cur is None or (e[3] and not cur[3]) or (e[3] == cur[3] and e[2] > cur[2]):
+                    best[key] = e
+        return best
+
+    def register_flushed(self, blk: BlockNode, flt: KeyFilter | None = None) -> None:
+        """blk is flushed (its rows are views over its objects): find its keys through its
+        filter from now on."""
+        self.flushed.register(blk, flt)
+
+    def prune(self, upto: int) -> int:
+        """Drop the index entries of flushed rows written at or before `upto` (the caller
+        passes min(checkpoint ts, oldest active StartTS)): lookups find them through the
+        flushed blocks. Returns how many were dropped."""
+        idx = self.index
+        registered = self.flushed
+
+        def prunable(e: list[Any]) -> bool:
+            blk = e[0]
+            return (
+                e[2] <= upto
+                and blk.mem.flushed
+                and (
+                    blk.id in registered.slot_of
+                    or blk.id in registered.pending
+                    or blk.delete_ts != MAX_TS
+                )
+            )
+
+        # candidates from a copy (taken atomically under the GIL), checked again under
+        # the lock: the pipeline waits only for the deletions
+        gone = [(k, e) for k, e in list(idx.items()) if prunable(e)]
+        dropped = 0
+        with self.index_lock:
+            for k, e in gone:
+                if idx.get(k) is e and prunable(e):
+                    del idx[k]
+                    dropped += 1
+        registered.forget_deleted(upto)
+        return dropped
