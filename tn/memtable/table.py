@@ -257,9 +257,12 @@ class TableData:
                 )
             )
 
-        # candidates from a copy (taken atomically under the GIL), checked again under
-        # the lock: the pipeline waits only for the deletions
-        gone = [(k, e) for k, e in list(idx.items()) if prunable(e)]
+        # candidates from a copy (every writer holds index_lock), checked again under
+        # the lock: the pipeline waits for the copy and the deletions, not the scan
+        with self.index_lock:
+            snap = idx.copy()
+        gone = [(k, e) for k, e in snap.items() if prunable(e)]
+        del snap
         dropped = 0
         with self.index_lock:
             for k, e in gone:
