@@ -140,5 +140,10 @@ def test_a_filter_false_positive_costs_a_read_not_a_wrong_answer(tmp_path: Path)
     delete(eng, [10])
     keys = live_keys(eng)
     assert 4 in keys and 10 not in keys and len(keys) == BLOCK_ROWS
-    assert table(eng).mem.flushed.loads == 1
+    flushed = table(eng).mem.flushed
+    assert flushed.loads == 1
+    flushed.evict()  # filters dropped from memory: loaded again when needed
+    with pytest.raises(ValidationError, match="duplicate"):
+        insert(eng, 12, 13)
+    assert flushed.loads == 2
     shutdown(eng)

@@ -239,9 +239,10 @@ def _rewrite(
             _new_block_mem(blk, loc, keys, row_cts, pk)
             t.mem.add_block(blk)
             cat.register(blk)
+            t.mem.by_id[blk.id] = blk
             with t.mem.index_lock:
                 for row, k in enumerate(keys):
-                    idx[k] = [blk, row, cts, True]
+                    idx[k] = (blk.id, row, cts, True)
             out.append(
                 UpdateCatalog(
                     CatalogKind.BLOCK,
@@ -524,9 +525,10 @@ def _attach_blocks(cat: Any, p: ObjectPlan, cts: int) -> list[Command]:
         _new_block_mem(blk, loc, bkeys, [cts] * len(bkeys), p.pk, override=cts)
         t.mem.add_block(blk)
         cat.register(blk)
+        t.mem.by_id[blk.id] = blk
         with t.mem.index_lock:
             for row, k in enumerate(bkeys):
-                idx[k] = [blk, row, cts, True]
+                idx[k] = (blk.id, row, cts, True)
         out.append(
             UpdateCatalog(
                 CatalogKind.BLOCK,
@@ -575,9 +577,10 @@ def apply_object_block(blk: BlockNode, cmd: UpdateCatalog, cts: int, store: Obje
     row_cts = [cts] * len(keys) if large else data.column(COMMIT_TS).to_pylist()
     _new_block_mem(blk, blk.meta_loc, keys, row_cts, pk, override=cts if large else 0)
     idx = t.mem.index
+    t.mem.by_id[blk.id] = blk
     with t.mem.index_lock:
         for row, k in enumerate(keys):
-            idx[k] = [blk, row, cts, True]
+            idx[k] = (blk.id, row, cts, True)
 
 
 __all__ = [

@@ -242,11 +242,11 @@ def rebuild_index(t: TableNode) -> None:
                 continue
             k = keys[row]
             if d == MAX_TS:
-                idx[k] = [blk, row, c, True]
+                idx[k] = (blk.id, row, c, True)
             else:
                 e = idx.get(k)
                 if e is None or (not e[3] and e[2] < d):
-                    idx[k] = [blk, row, d, False]
+                    idx[k] = (blk.id, row, d, False)
 
 
 class BlockLoader:

@@ -259,6 +259,17 @@ class FlushedKeys:
         for b in gone:
             self.forget(b)
 
+    def evict(self) -> None:
+        """Drop every loaded filter (memory): each is loaded again at the next lookup."""
+        with self.lock:
+            for b in self.slots:
+                if b is not None:
+                    self.pending[b.id] = b
+            self.slots, self.filters, self.free = [], [], []
+            self.slot_of = {}
+            self.bits = np.zeros((0, 0), dtype=np.uint8)
+            self.m = 0
+
     def _add(self, blk: BlockNode, flt: KeyFilter) -> None:
         if not self.m:
             self.m = flt.m

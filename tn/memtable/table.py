@@ -6,7 +6,7 @@ without waiting for each other's commits. New segments/blocks are catalog
 nodes with create@ = MAX_TS until the first transaction with rows in them
 commits (that transaction logs their creation).
 
-The primary-key index maps key -> [block, row, last_write_ts, live]: the newest
+The primary-key index maps key -> (block id, row, last_write_ts, live): the newest
 committed (or queued-to-commit) write of that key. It is updated in commit
 order by the pipeline, and serves the write-write conflict check and
 delete-by-key. It holds only the working set (docs/memory.md): the checkpoint
@@ -14,7 +14,9 @@ prunes (`prune`) the entries of rows in flushed blocks once no active transactio
 started before them (a conflict check, `ts > StartTS`, could not hit them any
 more). Duplicate-key checks and deletes find those keys through the flushed
 blocks' key filters (`lookup_many`, tn.memtable.flushed): a filter hit reads the
-block's key column; the row's commit/delete ts come from its objects.
+block's key column; the row's commit/delete ts come from its objects. Its entries
+are tuples of plain values (replaced, never changed in place): the cyclic collector
+untracks them, so a large working set costs it nothing to walk.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ class TableData:
         "blocks",
         "index",
         "index_lock",
+        "by_id",
         "flushed",
         "objects",
         "open_block",
@@ -56,7 +59,8 @@ class TableData:
         self.lock = threading.Lock()
         self.segments: list[SegmentNode] = []
         self.blocks: list[BlockNode] = []
-        self.index: dict[Any, list[Any]] = {}
+        self.index: dict[Any, tuple[int, int, int, bool]] = {}
+        self.by_id: dict[int, BlockNode] = {}  # the index's block ids -> blocks
         # serializes index writers (the pipeline's index_commit, the checkpoint's prune);
         # readers read the dict without it
         self.index_lock = threading.Lock()
@@ -91,6 +95,7 @@ class TableData:
         blk = BlockNode(self._alloc(), seg, MemBlock())
         seg.blocks.append(blk)
         self.blocks.append(blk)
+        self.by_id[blk.id] = blk
         self.open_block = blk
         return blk
 
@@ -109,6 +114,7 @@ class TableData:
         with self.lock:
             blk.segment.blocks.append(blk)
             self.blocks.append(blk)
+            self.by_id[blk.id] = blk
             if self.open_block is None or blk.id > self.open_block.id:
                 self.open_block = blk
 
@@ -161,16 +167,18 @@ class TableData:
         A delete of a row whose entry was pruned (a flushed row) enters the index: later
         conflict checks must see it."""
         idx = self.index
+        by_id = self.by_id
         with self.index_lock:
             for key, blk, row in inserts:
-                idx[key] = [blk, row, ts, True]
+                idx[key] = (blk.id, row, ts, True)
+                if blk.id not in by_id:
+                    by_id[blk.id] = blk
             for key, blk, row in deletes:
                 e = idx.get(key)
-                if e is None:
-                    idx[key] = [blk, row, ts, False]
-                elif e[0] is blk and e[1] == row:
-                    e[2] = ts
-                    e[3] = False
+                if e is None or (e[0] == blk.id and e[1] == row):
+                    idx[key] = (blk.id, row, ts, False)
+                    if blk.id not in by_id:
+                        by_id[blk.id] = blk
 
     def pk_cid(self) -> int:
         assert self.table is not None
@@ -184,22 +192,22 @@ class TableData:
         idx = self.index
         out: dict[Any, list[Any]] = {}
         check: list[Any] = []
+        by_id = self.by_id
         for k in keys:
-            e = idx.get(k)
-            if e is None:
+            he = idx.get(k)
+            if he is None:
                 check.append(k)
             else:
-                e = list(e)
-                out[k] = e
-                if not e[3]:  # a delete: a newer live row may be in a flushed block
+                out[k] = [by_id[he[0]], he[1], he[2], he[3]]
+                if not he[3]:  # a delete: a newer live row may be in a flushed block
                     check.append(k)
         if not check or not len(self.flushed):
             return out
         for k, fe in self._lookup_flushed(check).items():
-            he = out.get(k)
-            if he is None:
+            cur = out.get(k)
+            if cur is None:
                 out[k] = fe
-            elif fe[3] and (fe[0] is not he[0] or fe[1] != he[1]) and fe[2] > he[2]:
+            elif fe[3] and (fe[0] is not cur[0] or fe[1] != cur[1]) and fe[2] > cur[2]:
                 out[k] = fe
         return out
 
@@ -245,8 +253,10 @@ class TableData:
         idx = self.index
         registered = self.flushed
 
-        def prunable(e: list[Any]) -> bool:
-            blk = e[0]
+        by_id = self.by_id
+
+        def prunable(e: tuple[int, int, int, bool]) -> bool:
+            blk = by_id[e[0]]
             return (
                 e[2] <= upto
                 and blk.mem.flushed
