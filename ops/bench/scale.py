@@ -5,8 +5,9 @@
    commit `--rows` rows in transactions of `--txn-rows` rows: 80 % new keys, 15 %
    updates and 5 % deletes of keys among the thread's last `--hot-keys` inserted
    (each thread its own keys: no conflicts between them);
-2. after each checkpoint the child samples its RSS (`/proc/self/statm`) and the rows
-   committed so far; the collector's time is summed through `gc.callbacks`;
+2. after each checkpoint the child samples its RSS (`/proc/self/statm`, after glibc's
+   `malloc_trim`: the C heap's free pages go back to the OS) and the rows committed so
+   far; the collector's time is summed through `gc.callbacks`;
 3. then raw Kafka: the same transactions' Arrow batches produced to a topic by one
    plain producer (acks=all) for `--kafka-seconds`: the rows/s no TN beats here.
 
@@ -22,6 +23,7 @@ the last point), and the CN figures of `_cn_read` (helper `cnread`).
 from __future__ import annotations
 
 import argparse
+import ctypes
 import dataclasses
 import gc
 import itertools
@@ -48,6 +50,13 @@ def _log(msg: str) -> None:
 
 
 def _rss_bytes() -> int:
+    """This process's RSS, after handing the C heap's free pages back to the OS
+    (glibc `malloc_trim`, where there is one): what is retained, not the allocator's
+    high-water mark of the busiest checkpoint interval."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
