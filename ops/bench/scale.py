@@ -14,7 +14,7 @@
 Figures (ONE JSON line): `tn_bytes_per_row_retained` (least-squares slope of RSS
 after checkpoints over rows committed, from `--slope-from` rows on; target <= 16),
 `rows_per_s_late_vs_early` (rows/s of the last eighth of the history past
-`--slope-from` over its first eighth; target >= 0.9), `points` ([rows, TN RSS MB] per checkpoint), `tn_rows_per_s`,
+`--slope-from` and the first checkpoint over its first eighth; target >= 0.9), `points` ([rows, TN RSS MB] per checkpoint), `tn_rows_per_s`,
 `kafka_rows_per_s`, `gc_share_early` / `gc_share_late` (the collector's share of the
 wall time in those two segments), `index_entries_last` (the key index's size at
 the last point), and the CN figures of `_cn_read` (helper `cnread`).
@@ -260,9 +260,10 @@ def measure(cfg: KwalConfig, params: dict[str, Any]) -> dict[str, Any]:
     points, marks = got["points"], got["marks"]
     start = params["slope_from"] or min(1_000_000, params["rows"] // 4)
     slope = _slope(points, start)
-    # both segments in the steady state (past `start`: the first checkpoints are behind)
+    # both segments in the steady state: past `start` and past the first checkpoint
     total = marks[-1][0] if marks else 0
-    lo = min(start / total, 0.5) if total else 0.0
+    first = points[0][0] if len(points) > 1 else 0
+    lo = min(max(start, first) / total, 0.5) if total else 0.0
     span = (1.0 - lo) / 8
     early, gc_early = _segment(marks, lo, lo + span)
     late, gc_late = _segment(marks, 1.0 - span, 1.0)
