@@ -31,6 +31,7 @@ from tn.memtable.flushed import DroppedCols, FlushedKeys, ObjectRows
 from tn.memtable.pk_filter import KeyFilter, filter_bits
 
 SEGMENT_BLOCKS = 16
+PRUNE_CHUNK = 20_000  # index entries dropped per hold of index_lock
 
 # (block, first row in block, first row in batch, row count)
 Range = tuple[BlockNode, int, int, int]
@@ -252,32 +253,27 @@ class TableData:
         flushed blocks. Returns how many were dropped."""
         idx = self.index
         registered = self.flushed
-
-        by_id = self.by_id
-
-        def prunable(e: tuple[int, int, int, bool]) -> bool:
-            blk = by_id[e[0]]
-            return (
-                e[2] <= upto
-                and blk.mem.flushed
-                and (
-                    blk.id in registered.slot_of
-                    or blk.id in registered.pending
-                    or blk.delete_ts != MAX_TS
-                )
-            )
-
+        # the blocks whose entries may go: flushed, and their keys behind a filter (or
+        # the block replaced: lookups skip it)
+        ok = {
+            bid
+            for bid, b in list(self.by_id.items())
+            if b.mem.flushed
+            and (bid in registered.slot_of or bid in registered.pending or b.delete_ts != MAX_TS)
+        }
         # candidates from a copy (every writer holds index_lock), checked again under
-        # the lock: the pipeline waits for the copy and the deletions, not the scan
+        # the lock (an entry is replaced, never changed): the pipeline waits for the
+        # copy and the deletions, not the scan
         with self.index_lock:
             snap = idx.copy()
-        gone = [(k, e) for k, e in snap.items() if prunable(e)]
+        gone = [(k, e) for k, e in snap.items() if e[2] <= upto and e[0] in ok]
         del snap
         dropped = 0
-        with self.index_lock:
-            for k, e in gone:
-                if idx.get(k) is e and prunable(e):
-                    del idx[k]
-                    dropped += 1
+        for i in range(0, len(gone), PRUNE_CHUNK):  # commits go on between chunks
+            with self.index_lock:
+                for k, e in gone[i : i + PRUNE_CHUNK]:
+                    if idx.get(k) is e:
+                        del idx[k]
+                        dropped += 1
         registered.forget_deleted(upto)
         return dropped
