@@ -25,6 +25,8 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import numpy as np
+
 from tn.catalog.nodes import ABORTED_TS, MAX_TS, BlockNode, SegmentNode, TableNode
 from tn.memtable.block import BLOCK_ROWS, MemBlock
 from tn.memtable.flushed import DroppedCols, FlushedKeys, ObjectRows
@@ -219,27 +221,30 @@ class TableData:
         pk = self.pk_cid()
         m = filter_bits(BLOCK_ROWS, reader.bits_per_key)
         best: dict[Any, list[Any]] = {}
+        groups: dict[int, tuple[BlockNode, list[Any]]] = {}
         for i, blk in self.flushed.candidates(keys, reader, pk, m):
-            if blk.delete_ts != MAX_TS:
-                continue
+            if blk.delete_ts == MAX_TS and isinstance(blk.mem.cols, DroppedCols):
+                groups.setdefault(blk.id, (blk, []))[1].append(keys[i])
+        for blk, wanted in groups.values():  # one read of each per block, not per key
             mem = blk.mem
             cols = mem.cols
-            if not isinstance(cols, DroppedCols):
-                continue
-            key = keys[i]
-            rows = reader.key_rows(cols.loc, pk, len(mem)).get(key)
-            if not rows:
-                continue  # a false positive of the filter: one read, no answer
-            cts = mem.cts.array() if mem.flushed else None
-            for r in rows:
-                c = int(cts[r]) if cts is not None else int(mem.cts[r])
-                if c >= ABORTED_TS:
-                    continue
-                d = int(mem.dts[r])
-                e = [blk, r, max(c, blk.create_ts), True] if d == MAX_TS else [blk, r, d, False]
-                cur = best.get(key)
-                if cur is None or (e[3] and not cur[3]) or (e[3] == cur[3] and e[2] > cur[2]):
-                    best[key] = e
+            assert isinstance(cols, DroppedCols)
+            where = reader.key_rows(cols.loc, pk, len(mem))
+            hits = [(key, where[key]) for key in wanted if key in where]
+            if not hits:
+                continue  # false positives of the filter: one read, no answer
+            cts = np.asarray(mem.cts[:], dtype=np.int64)  # cached by the reader
+            dts = mem.dts  # by row: the deletes since the delta object are a dict
+            for key, rows in hits:
+                for r in rows:
+                    c = int(cts[r])
+                    if c >= ABORTED_TS:
+                        continue
+                    d = int(dts[r])
+                    e = [blk, r, max(c, blk.create_ts), True] if d == MAX_TS else [blk, r, d, False]
+                    cur = best.get(key)
+                    if cur is None or (e[3] and not cur[3]) or (e[3] == cur[3] and e[2] > cur[2]):
+                        best[key] = e
         return best
 
     def register_flushed(self, blk: BlockNode, flt: KeyFilter | None = None) -> None:
