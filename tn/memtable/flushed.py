@@ -25,6 +25,8 @@ import numpy as np
 from tn.catalog.nodes import ABORTED_TS, MAX_TS, BlockNode
 from tn.memtable.pk_filter import KeyFilter, key_hashes, positions
 
+_NO_BITS = np.zeros(0, dtype=bool)
+
 
 class ObjectRows(Protocol):
     """Reads flushed blocks' per-row data from their objects (cached)."""
@@ -273,14 +275,15 @@ class FlushedKeys:
     def _add(self, blk: BlockNode, flt: KeyFilter) -> None:
         if not self.m:
             self.m = flt.m
+        zone = KeyFilter(flt.m, flt.lo, flt.hi, _NO_BITS)  # the bits live in self.bits only
         if self.free:
             j = self.free.pop()
             self.slots[j] = blk
-            self.filters[j] = flt
+            self.filters[j] = zone
         else:
             j = len(self.slots)
             self.slots.append(blk)
-            self.filters.append(flt)
+            self.filters.append(zone)
         cap = self.bits.shape[1] * 8
         if j >= cap or self.bits.shape[0] != self.m:
             grown = np.zeros((self.m, max(16, 2 * cap) // 8), dtype=np.uint8)
