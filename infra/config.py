@@ -144,6 +144,11 @@ class TnConfig:
     # A repeated request id gets the first copy's outcome while that copy is among the last
     # `dedup_window` requests (docs/retries.md); across a TN restart too.
     dedup_window: int = 100_000
+    # Key filters of flushed blocks (docs/memory.md): bits per key of each block's bloom
+    # filter (0: a 1-bit filter, every lookup of a flushed key reads a key column), and
+    # how many blocks' key columns / row ts the TN caches.
+    pk_filter_bits_per_key: int = 10
+    object_cache_blocks: int = 32
 
 
 @dataclass

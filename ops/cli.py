@@ -90,6 +90,17 @@ def build_parser() -> argparse.ArgumentParser:
     brec.add_argument("--rounds", type=int, default=5,
                       help="restarts of each TN for restart_10x_vs_1x (median)")
 
+    bscale = _command(bench, "scale", "ops.bench.scale:run", "TN memory and rows/s over a long history")
+    bscale.add_argument("--rows", type=int, default=8_000_000, help="rows committed")
+    bscale.add_argument("--txn-rows", type=int, default=1000, help="rows per transaction")
+    bscale.add_argument("--clients", type=int, default=4, help="committing threads")
+    bscale.add_argument("--hot-keys", type=int, default=50_000,
+                        help="updates/deletes pick among each thread's last this many keys")
+    bscale.add_argument("--checkpoint-s", type=float, default=15.0, help="seconds between checkpoints")
+    bscale.add_argument("--slope-from", type=int, default=0,
+                        help="rows from which the RSS slope is fitted (0: 1M, or rows/4 if fewer)")
+    bscale.add_argument("--kafka-seconds", type=float, default=10.0, help="seconds of raw Kafka")
+
     bspark = _command(bench, "spark", "ops.bench.spark:run", "Spark CN rows/s vs raw decode")
     bspark.add_argument("--rows", type=int, default=200_000)
     bspark.add_argument("--rows-per-txn", type=int, default=10)

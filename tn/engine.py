@@ -93,7 +93,11 @@ class Engine:
     # -- transactions -------------------------------------------------------------------
     def begin(self) -> Transaction:
         self._check_open()
-        return Transaction(self.catalog, self.pipeline.submit, self.pipeline.visible_ts)
+        pipeline = self.pipeline
+        txn: Transaction = self.catalog.begin(
+            lambda: Transaction(self.catalog, pipeline.submit, pipeline.visible_ts)
+        )
+        return txn
 
     def now(self) -> int:
         """A fresh HLC timestamp (for reads "as of now")."""

@@ -41,7 +41,10 @@ KEEP = 50  # live rows left in a block made small
 
 
 def data_objects(m: Manifest, table_id: int) -> list[str]:
-    return sorted(k for k in m.objects if k.startswith(f"data/{table_id}/"))
+    """The table's data and delta objects (not the key filters beside them)."""
+    return sorted(
+        k for k in m.objects if k.startswith(f"data/{table_id}/") and not k.endswith(".pk")
+    )
 
 
 def table_id(eng: Engine) -> int:

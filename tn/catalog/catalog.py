@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import itertools
 import threading
+import weakref
 from collections.abc import Callable
+from typing import Any
 
 from schemas.wal import TableSchema, UpdateCatalog
 from tn.catalog.nodes import BlockNode, DatabaseNode, Node, TableNode
@@ -26,6 +28,32 @@ class Catalog:
         # set by tn.checkpoint: loads a block created with its rows in object storage
         # (replay of compact/merge/large-transaction entries): fn(block, command, commit ts)
         self.block_loader: Callable[[BlockNode, UpdateCatalog, int], None] | None = None
+        # set by tn.checkpoint: reads flushed blocks' rows from their objects
+        # (tn.memtable.flushed.ObjectRows)
+        self.objects: Any = None
+        # transactions begun and not finished: the oldest StartTS bounds what the key
+        # index must keep for conflict checks (TableData.prune)
+        self._active: weakref.WeakSet[Any] = weakref.WeakSet()
+        self._active_lock = threading.Lock()
+
+    # -- active transactions ---------------------------------------------------------
+    def begin(self, make: Callable[[], Any]) -> Any:
+        """make() builds a transaction (reading its StartTS); it counts as active from
+        the same instant (an atomic step for `oldest_start`)."""
+        with self._active_lock:
+            txn = make()
+            self._active.add(txn)
+        return txn
+
+    def oldest_start(self, now: int) -> int:
+        """The smallest StartTS of a transaction still active or committing (`now` when
+        none): no conflict check will ever compare against a smaller ts."""
+        with self._active_lock:
+            live = [t for t in list(self._active) if t.state in ("active", "committing")]
+            for t in list(self._active):
+                if t.state not in ("active", "committing"):
+                    self._active.discard(t)
+        return min([now] + [t.start_ts for t in live])
 
     # -- ids -------------------------------------------------------------------
     def new_id(self) -> int:
@@ -47,7 +75,7 @@ class Catalog:
         return node
 
     def add_table(self, db: DatabaseNode, name: str, node_id: int | None = None) -> TableNode:
-        mem = TableData(self.new_id)
+        mem = TableData(self.new_id, lambda: self.objects)
         node = TableNode(self.new_id() if node_id is None else node_id, db, name, mem)
         mem.table = node
         with self.lock:

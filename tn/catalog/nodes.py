@@ -27,8 +27,8 @@ class BlockMemory(Protocol):
     stand below the memtable, which builds on them, so they name only this interface."""
 
     cols: dict[int, list[Any]]
-    cts: list[int]
-    dts: list[int]
+    cts: Any  # list[int] in memory; a view over the object once flushed
+    dts: Any
 
     def __len__(self) -> int: ...
 
@@ -43,13 +43,37 @@ class BlockMemory(Protocol):
 
     def visible_mask(self, ts: int, n: int) -> np.ndarray: ...
 
+    @property
+    def flushed(self) -> bool: ...
+
+    def flush(
+        self,
+        reader: Any,
+        loc: str,
+        delta_loc: str,
+        pk: int,
+        override: int = 0,
+        n: int | None = None,
+    ) -> None: ...
+
 
 class TableMemory(Protocol):
     """What the catalog knows of a table's rows and key index (`tn.memtable.table.TableData`)."""
 
     lock: threading.Lock
     blocks: list[BlockNode]
-    index: dict[Any, list[Any]]
+    index: dict[Any, tuple[int, int, int, bool]]  # key -> (block id, row, ts, live)
+    by_id: dict[int, BlockNode]
+    index_lock: threading.Lock
+    objects: Any  # () -> the object reader (tn.memtable.flushed.ObjectRows) or None
+
+    def lookup_many(self, keys: Any) -> dict[Any, list[Any]]: ...
+
+    def pk_cid(self) -> int: ...
+
+    def register_flushed(self, blk: BlockNode, flt: Any = None) -> None: ...
+
+    def prune(self, upto: int) -> int: ...
 
     def append(
         self, columns: dict[int, list[Any]], n: int, cts: int
@@ -135,7 +159,7 @@ class SegmentNode(Node):
 
 
 class BlockNode(Node):
-    __slots__ = ("segment", "mem", "meta_loc", "delta_loc")
+    __slots__ = ("segment", "mem", "meta_loc", "delta_loc", "pk_loc")
 
     def __init__(self, node_id: int, segment: SegmentNode, mem: BlockMemory) -> None:
         super().__init__(node_id, CatalogKind.BLOCK)
@@ -145,3 +169,4 @@ class BlockNode(Node):
         # <= the ts in its key) and the object holding its deletes; "" while never dumped
         self.meta_loc = ""
         self.delta_loc = ""
+        self.pk_loc = ""  # the key filter of meta_loc (tn.memtable.pk_filter); "" = none

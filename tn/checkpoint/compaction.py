@@ -59,6 +59,7 @@ from tn.checkpoint.exceptions import LargeTxnError
 from tn.checkpoint.runner import block_complete, loc_ts
 from tn.exceptions import ConflictError, TnError, ValidationError
 from tn.memtable.block import BLOCK_ROWS, DroppedCols, MemBlock
+from tn.memtable.pk_filter import KeyFilter, filter_bits
 from tn.txn.rows import ARROW_TYPES
 
 Publish = Callable[[list[LogtailRecord]], None]
@@ -149,13 +150,24 @@ def _block_object(rows: pa.Table, block_id: int, t: TableNode, ts: int) -> pa.Ta
     return pa.Table.from_arrays(data, schema=schema)
 
 
-def _new_block_mem(blk: BlockNode, loc: str, keys: list[Any], cts: list[int], pk: int) -> None:
-    """A block born in object storage: full (no appends), columns dropped, key kept."""
-    pad = BLOCK_ROWS - len(keys)
+def _new_block_mem(
+    blk: BlockNode, loc: str, keys: list[Any], cts: list[int], pk: int, override: int = 0
+) -> None:
+    """A block born in object storage: full (no appends), its rows views over `loc`
+    (`override`: every row's commit ts, where the object's are not final), its keys
+    behind a filter built from `keys`."""
+    t = blk.segment.table
+    reader = t.mem.objects()
     mem = blk.mem
-    mem.cts = list(cts) + [ABORTED_TS] * pad
-    mem.dts = [MAX_TS] * BLOCK_ROWS
-    mem.cols = DroppedCols(loc, {pk: list(keys) + [None] * pad})
+    pad = BLOCK_ROWS - len(keys)
+    if reader is None:  # no object reader (an engine without checkpoints): in memory
+        mem.cts = list(cts) + [ABORTED_TS] * pad
+        mem.dts = [MAX_TS] * BLOCK_ROWS
+        mem.cols = DroppedCols(loc, {pk: list(keys) + [None] * pad})
+        return
+    mem.flush(reader, loc, "", pk, override, n=BLOCK_ROWS)
+    mem.cts._present = len(keys)
+    t.mem.register_flushed(blk, KeyFilter.build(keys, filter_bits(BLOCK_ROWS, reader.bits_per_key)))
 
 
 def _rewrite(
@@ -196,9 +208,9 @@ def _rewrite(
         for b in old_blocks:
             if b.delete_ts != MAX_TS:
                 return ConflictError("write_conflict", f"block {b.id} was already replaced")
-        idx = t.mem.index
+        found = t.mem.lookup_many(keys_all)
         for k in keys_all:
-            e = idx.get(k)
+            e = found.get(k)
             if e is None or e[2] > snapshot or e[0].id not in old_ids or not e[3]:
                 return ConflictError("write_conflict", f"key {k!r} was written during compaction")
         if t.delete_ts != MAX_TS:
@@ -222,13 +234,15 @@ def _rewrite(
             )
         idx = t.mem.index
         for blk, loc, keys, row_cts in plans:
-            _new_block_mem(blk, loc, keys, row_cts, pk)
             blk.meta_loc = loc
             blk.create_ts = cts
+            _new_block_mem(blk, loc, keys, row_cts, pk)
             t.mem.add_block(blk)
             cat.register(blk)
-            for row, k in enumerate(keys):
-                idx[k] = [blk, row, cts, True]
+            t.mem.by_id[blk.id] = blk
+            with t.mem.index_lock:
+                for row, k in enumerate(keys):
+                    idx[k] = (blk.id, row, cts, True)
             out.append(
                 UpdateCatalog(
                     CatalogKind.BLOCK,
@@ -430,15 +444,15 @@ def prepare_object(
         raise LargeTxnError("schema_mismatch", f"primary key {pk_name!r} has nulls")
     if pc.count_distinct(rows.column(pk_name)).as_py() != rows.num_rows:
         raise LargeTxnError("duplicate_key", f"duplicate primary keys in object {key!r}")
-    idx = t.mem.index
     cat = engine.catalog
     seg = SegmentNode(cat.new_id(), t)
     plan = ObjectPlan(t, seg, [], schema.column(pk_name).column_id)
     for s0 in range(0, rows.num_rows, BLOCK_ROWS):
         chunk = rows.slice(s0, BLOCK_ROWS)
         bkeys = chunk.column(pk_name).to_pylist()
+        found = t.mem.lookup_many(bkeys)
         for k in bkeys:
-            hit = idx.get(k)
+            hit = found.get(k)
             if hit is not None and hit[3] and hit[2] <= start:
                 raise LargeTxnError("duplicate_key", f"duplicate primary key {k!r}")
         blk = BlockNode(cat.new_id(), seg, MemBlock())
@@ -472,9 +486,10 @@ def add_objects(engine: Any, txn: Any, plans: Sequence[ObjectPlan], start: int) 
             if t.delete_ts != MAX_TS or t.ddl_ts > start:
                 return ConflictError("ddl_conflict", f"table {t.name} was dropped or altered")
         for p in plans:
-            idx = p.table.mem.index
-            for k in p.keys:
-                e = idx.get(k)
+            keys = p.keys
+            found = p.table.mem.lookup_many(keys)
+            for k in keys:
+                e = found.get(k)
                 if e is not None and (e[2] > start or e[3]):
                     return ConflictError("write_conflict", f"key {k!r} was written concurrently")
         return None
@@ -505,13 +520,15 @@ def _attach_blocks(cat: Any, p: ObjectPlan, cts: int) -> list[Command]:
     ]
     idx = t.mem.index
     for blk, loc, bkeys in p.blocks:
-        _new_block_mem(blk, loc, bkeys, [cts] * len(bkeys), p.pk)
         blk.meta_loc = loc
         blk.create_ts = cts
+        _new_block_mem(blk, loc, bkeys, [cts] * len(bkeys), p.pk, override=cts)
         t.mem.add_block(blk)
         cat.register(blk)
-        for row, k in enumerate(bkeys):
-            idx[k] = [blk, row, cts, True]
+        t.mem.by_id[blk.id] = blk
+        with t.mem.index_lock:
+            for row, k in enumerate(bkeys):
+                idx[k] = (blk.id, row, cts, True)
         out.append(
             UpdateCatalog(
                 CatalogKind.BLOCK,
@@ -556,14 +573,14 @@ def apply_object_block(blk: BlockNode, cmd: UpdateCatalog, cts: int, store: Obje
     data = from_parquet(store.get(blk.meta_loc))
     ids = {cid: name for name, cid in column_ids(data).items()}
     keys = data.column(ids[pk]).to_pylist() if pk in ids else []
-    if cmd.reason == CatalogReason.LARGE_TXN:
-        row_cts = [cts] * len(keys)
-    else:
-        row_cts = data.column(COMMIT_TS).to_pylist()
-    _new_block_mem(blk, blk.meta_loc, keys, row_cts, pk)
+    large = cmd.reason == CatalogReason.LARGE_TXN
+    row_cts = [cts] * len(keys) if large else data.column(COMMIT_TS).to_pylist()
+    _new_block_mem(blk, blk.meta_loc, keys, row_cts, pk, override=cts if large else 0)
     idx = t.mem.index
-    for row, k in enumerate(keys):
-        idx[k] = [blk, row, cts, True]
+    t.mem.by_id[blk.id] = blk
+    with t.mem.index_lock:
+        for row, k in enumerate(keys):
+            idx[k] = (blk.id, row, cts, True)
 
 
 __all__ = [

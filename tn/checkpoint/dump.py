@@ -6,6 +6,9 @@ checkpoint's ts (a dropped column: `__col_<id>`). The schema metadata
 `kwal.columns` maps names to column ids, so the TN reads by id (names may be
 reused after a drop). Rows: every row with commit ts <= t1 (deleted ones too).
 
+Key filter object (`filter_key`): the zone map and bloom filter of the block's
+primary keys (tn.memtable.pk_filter), written with a complete block's object.
+
 Delta object: `__row_id`, `__commit_ts` (= the delete ts) of every row deleted
 at or before t1 (cumulative: the newest delta object has all of them).
 """
@@ -25,7 +28,8 @@ import pyarrow.parquet as pq
 from infra.objectstore import ObjectStore
 from schemas.logtail import COMMIT_TS, ROW_ID
 from schemas.wal import ColumnDef
-from tn.catalog.nodes import ABORTED_TS, BlockNode, TableNode
+from tn.catalog.nodes import ABORTED_TS, MAX_TS, BlockNode, TableNode
+from tn.memtable.pk_filter import KeyFilter
 from tn.txn.rows import ARROW_TYPES
 
 OFFSET_BITS = 16
@@ -134,26 +138,117 @@ def aligned_columns(table: pa.Table, n: int) -> dict[int, pa.Array]:
     return out
 
 
-class BlockReader:
-    """Reads dropped blocks' columns from object storage, with a small LRU cache
-    (`Engine.block_columns`)."""
+def filter_key(meta_loc: str) -> str:
+    """The key filter object written with a block object."""
+    base = meta_loc[: -len(".parquet")] if meta_loc.endswith(".parquet") else meta_loc
+    return base + ".pk"
 
-    def __init__(self, store: ObjectStore, cache_blocks: int = 32) -> None:
+
+class BlockReader:
+    """Reads flushed blocks from object storage (`Engine.block_columns`, and the
+    `ObjectRows` of tn.memtable.flushed): columns, commit ts, delete ts, key column and
+    key filters, each through a small LRU cache (evicted by count)."""
+
+    def __init__(
+        self, store: ObjectStore, cache_blocks: int = 32, bits_per_key: int = 10
+    ) -> None:
         self.store = store
         self.cache_blocks = cache_blocks
-        self._cache: OrderedDict[tuple[str, int], dict[int, pa.Array]] = OrderedDict()
+        self.bits_per_key = bits_per_key
+        self._caches: dict[str, OrderedDict[tuple[Any, ...], Any]] = {}
         self._lock = threading.Lock()
+        self.key_loads = 0  # key columns read (filter hits that missed the cache)
+        self.key_probes = 0  # key-column lookups (filter hits)
+
+    def _cached(self, key: tuple[Any, ...], load: Any) -> Any:
+        """One LRU per kind (key[0]): key lookups do not evict the column cache."""
+        with self._lock:
+            cache = self._caches.get(key[0])
+            if cache is None:
+                cache = self._caches[key[0]] = OrderedDict()
+            hit = cache.get(key)
+            if hit is not None:
+                cache.move_to_end(key)
+                return hit
+        value = load()
+        with self._lock:
+            cache[key] = value
+            while len(cache) > self.cache_blocks:
+                cache.popitem(last=False)
+        return value
 
     def __call__(self, loc: str, n: int) -> dict[int, pa.Array]:
-        key = (loc, n)
-        with self._lock:
-            hit = self._cache.get(key)
-            if hit is not None:
-                self._cache.move_to_end(key)
-                return hit
-        cols = aligned_columns(from_parquet(self.store.get(loc)), n)
-        with self._lock:
-            self._cache[key] = cols
-            while len(self._cache) > self.cache_blocks:
-                self._cache.popitem(last=False)
-        return cols
+        return self._cached(
+            ("cols", loc, n), lambda: aligned_columns(from_parquet(self.store.get(loc)), n)
+        )
+
+    def _offsets(self, table: pa.Table) -> np.ndarray:
+        return np.asarray(table.column(ROW_ID).to_numpy(), dtype=np.int64) & (
+            (1 << OFFSET_BITS) - 1
+        )
+
+    def row_ts(self, loc: str, n: int) -> np.ndarray:
+        def load() -> np.ndarray:
+            data = from_parquet(self.store.get(loc), [ROW_ID, COMMIT_TS])
+            out = np.full(n, ABORTED_TS, dtype=np.int64)
+            offs = self._offsets(data)
+            keep = offs < n
+            out[offs[keep]] = np.asarray(data.column(COMMIT_TS).to_numpy(), np.int64)[keep]
+            out.setflags(write=False)
+            return out
+
+        return self._cached(("cts", loc, n), load)
+
+    def delete_ts(self, loc: str, n: int) -> np.ndarray:
+        def load() -> np.ndarray:
+            data = from_parquet(self.store.get(loc))
+            out = np.full(n, MAX_TS, dtype=np.int64)
+            offs = self._offsets(data)
+            keep = offs < n
+            out[offs[keep]] = np.asarray(data.column(COMMIT_TS).to_numpy(), np.int64)[keep]
+            out.setflags(write=False)
+            return out
+
+        return self._cached(("dts", loc, n), load)
+
+    def keys(self, loc: str, pk: int, n: int) -> list[Any]:
+        def load() -> list[Any]:
+            self.key_loads += 1
+            raw = self.store.get(loc)
+            meta = pq.read_schema(io.BytesIO(raw)).metadata or {}
+            ids = json.loads(meta[COLUMNS_META]) if COLUMNS_META in meta else {}
+            names = {int(cid): name for name, cid in ids.items()}
+            out: list[Any] = [None] * n
+            if pk in names:
+                data = from_parquet(raw, [ROW_ID, names[pk]])
+                offs = self._offsets(data).tolist()
+                for o, v in zip(offs, data.column(names[pk]).to_pylist(), strict=True):
+                    if o < n:
+                        out[o] = v
+            return out
+
+        return self._cached(("keys", loc, pk, n), load)
+
+    def key_rows(self, loc: str, pk: int, n: int) -> dict[Any, tuple[int, ...]]:
+        self.key_probes += 1
+
+        def load() -> dict[Any, tuple[int, ...]]:
+            rows: dict[Any, tuple[int, ...]] = {}
+            for r, k in enumerate(self.keys(loc, pk, n)):
+                if k is not None:
+                    rows[k] = (*rows[k], r) if k in rows else (r,)
+            return rows
+
+        return self._cached(("rows", loc, pk, n), load)
+
+    def key_filter(self, blk: BlockNode, pk: int, m: int) -> KeyFilter:
+        """blk's key filter of m bits: its filter object, else (none, or of another size)
+        built from its key column."""
+        if blk.pk_loc:
+            try:
+                flt = KeyFilter.decode(self.store.get(blk.pk_loc))
+            except (KeyError, FileNotFoundError, ValueError):
+                flt = None
+            if flt is not None and flt.m == m:
+                return flt
+        return KeyFilter.build(self.keys(blk.meta_loc, pk, len(blk.mem)), m)

@@ -26,7 +26,9 @@ from infra.objectstore import ObjectStore
 from schemas.logtail import BlockMeta
 from schemas.wal import TableSchema, columns_in, columns_out
 
-VERSION = 1
+VERSION = 1  # of the manifest
+# of the catalog snapshot; 2 added BlockEntry.pk_loc (version 1 catalogs still load)
+CATALOG_VERSION = 2
 MANIFESTS = "checkpoints/manifests/"
 CATALOGS = "checkpoints/catalog/"
 
@@ -51,6 +53,9 @@ class BlockEntry:
     data_ts: int  # meta_loc holds the rows with commit ts <= data_ts
     rows: int  # row count (offsets) the object covers
     complete: bool  # meta_loc holds every row the block will ever have
+    # the key filter of meta_loc (tn.memtable.pk_filter); "" in checkpoints before
+    # version 2, or for a block without one (rebuilt from the key column when needed)
+    pk_loc: str = ""
 
     def block_meta(self) -> BlockMeta:
         """The block as the logtail announces it to CNs: rows with commit ts below
@@ -82,7 +87,7 @@ class CatalogSnapshot:
 
     def encode(self) -> bytes:
         d = asdict(self)
-        d["version"] = VERSION
+        d["version"] = CATALOG_VERSION
         return json.dumps(d, separators=(",", ":")).encode()
 
     @classmethod

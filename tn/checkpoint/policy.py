@@ -23,6 +23,7 @@ import numpy as np
 from infra.config import CompactionConfig, ConfigError
 from tn.catalog.nodes import ABORTED_TS, MAX_TS, BlockNode, TableNode
 from tn.checkpoint.compaction import compactable
+from tn.memtable.flushed import loc_ts
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +40,10 @@ class BlockStats:
 def block_stats(blk: BlockNode, ts: int) -> BlockStats:
     mem = blk.mem
     n = len(mem)
+    if mem.flushed and ts >= loc_ts(blk.meta_loc):
+        # counts, not rows: no object read per look (docs/memory.md)
+        stored = mem.cts.present()
+        return BlockStats(blk, stored, stored - mem.dts.deleted(ts))
     cts = np.array(mem.cts[:n], dtype=np.int64)
     dts = np.array(mem.dts[:n], dtype=np.int64)
     stored = (cts <= ts) & (cts < ABORTED_TS)

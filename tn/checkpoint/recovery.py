@@ -1,13 +1,13 @@
 """Recovery (DESIGN "Data flow" 7): newest complete manifest -> catalog and block index
 rebuilt from object storage -> WAL replayed from the manifest's LSN.
 
-Blocks whose object holds every row they will ever have are loaded without their
-columns (row commit ts, delete ts from the delta object, and the primary key only:
-the key index and later deletes need them); reads load the columns from the object.
+Blocks whose object holds every row they will ever have are loaded without reading
+anything: their rows become views over their objects (tn.memtable.flushed), their
+keys are found through their key filter objects, loaded at the first lookup
+(docs/memory.md); the key index holds only the keys of rows still in memory.
 Other blocks (still open at the checkpoint) are loaded whole, at their row offsets,
 so the WAL after the checkpoint lands where it landed before (physical replay).
-Recovery reads no WAL before the checkpoint, and no column but the key of flushed
-blocks.
+Recovery reads no WAL before the checkpoint, and no column of flushed blocks.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import numpy as np
 
 from infra.objectstore import ObjectStore
 from schemas.codec import decode_entry
-from schemas.logtail import COMMIT_TS, ROW_ID
+from schemas.logtail import COMMIT_TS, LARGE_TXN_SUFFIX, ROW_ID
 from schemas.wal import UpdateCatalog
 from tn.catalog.nodes import ABORTED_TS, MAX_TS, BlockNode, DatabaseNode, SegmentNode, TableNode
 from tn.checkpoint.dump import BlockReader, column_ids, from_parquet
@@ -67,10 +67,17 @@ def recover(log: LogStore, store: ObjectStore, **engine_kw: Any) -> Recovered:
             gc.enable()
 
 
-def _recover(log: LogStore, store: ObjectStore, **engine_kw: Any) -> Recovered:
+def _recover(
+    log: LogStore,
+    store: ObjectStore,
+    bits_per_key: int = 10,
+    cache_blocks: int = 32,
+    **engine_kw: Any,
+) -> Recovered:
     t0 = time.perf_counter()
     engine = Engine(log, **engine_kw)
-    engine.block_columns = BlockReader(store)
+    engine.block_columns = BlockReader(store, cache_blocks, bits_per_key)
+    engine.catalog.objects = engine.block_columns
     engine.catalog.block_loader = BlockLoader(store)
     m = newest_manifest(store)
     if m is not None:
@@ -122,6 +129,9 @@ def check_manifest_fits(m: Manifest, log: LogStore) -> None:
 
 def load_catalog(engine: Engine, snap: CatalogSnapshot, store: ObjectStore) -> None:
     cat = engine.catalog
+    reader = cat.objects
+    if reader is None:
+        reader = cat.objects = BlockReader(store)
     for d in sorted(snap.databases, key=lambda x: x["id"]):
         db = cat.add_database(d["name"], node_id=d["id"])
         db.create_ts = d["create_ts"]
@@ -158,8 +168,13 @@ def load_catalog(engine: Engine, snap: CatalogSnapshot, store: ObjectStore) -> N
         if b.delete_ts:
             blk.delete_ts = b.delete_ts
         blk.meta_loc, blk.delta_loc = b.meta_loc, b.delta_loc
-        if b.meta_loc:
-            load_block(blk, store, columns=not b.complete)
+        blk.pk_loc = b.pk_loc
+        if b.meta_loc and b.complete:
+            # nothing read: the rows stay in the objects, the keys behind the filter
+            flush_block(blk, reader)
+            sn.table.mem.register_flushed(blk)
+        elif b.meta_loc:
+            load_block(blk, store, columns=True)
         sn.table.mem.add_block(blk)
         cat.register(blk)
     cat.reserve_ids(snap.max_id)
@@ -168,6 +183,15 @@ def load_catalog(engine: Engine, snap: CatalogSnapshot, store: ObjectStore) -> N
             rebuild_index(node)
     engine.clock.observe(snap.ts)
     engine.pipeline.visible_ts = snap.ts
+
+
+def flush_block(blk: BlockNode, reader: Any, override: int = 0) -> None:
+    """blk's rows as views over its objects (complete: BLOCK_ROWS offsets); a large
+    transaction's object has its rows' commit ts only in the catalog (its create ts)."""
+    t = blk.segment.table
+    if not override and blk.meta_loc.endswith(LARGE_TXN_SUFFIX):
+        override = blk.create_ts
+    blk.mem.flush(reader, blk.meta_loc, blk.delta_loc, t.mem.pk_cid(), override, n=BLOCK_ROWS)
 
 
 def load_block(blk: BlockNode, store: ObjectStore, *, columns: bool, cts_override: int = 0) -> None:
@@ -202,13 +226,13 @@ def load_block(blk: BlockNode, store: ObjectStore, *, columns: bool, cts_overrid
 
 
 def rebuild_index(t: TableNode) -> None:
-    """The primary-key index from the blocks' rows: key -> newest write."""
+    """The primary-key index from the rows still in memory: key -> newest write."""
     schema = t.schemas[-1][1]
     pk_cid = schema.column(schema.primary_key).column_id
     idx = t.mem.index
     for blk in t.mem.blocks:
-        if blk.delete_ts != MAX_TS:
-            continue
+        if blk.delete_ts != MAX_TS or blk.mem.flushed:
+            continue  # flushed blocks' keys are found through their filters
         mem = blk.mem
         keys = mem.cols.get(pk_cid)
         if keys is None:
@@ -218,11 +242,11 @@ def rebuild_index(t: TableNode) -> None:
                 continue
             k = keys[row]
             if d == MAX_TS:
-                idx[k] = [blk, row, c, True]
+                idx[k] = (blk.id, row, c, True)
             else:
                 e = idx.get(k)
                 if e is None or (not e[3] and e[2] < d):
-                    idx[k] = [blk, row, d, False]
+                    idx[k] = (blk.id, row, d, False)
 
 
 class BlockLoader:

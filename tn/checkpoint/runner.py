@@ -30,6 +30,7 @@ commits: it takes the LSNs already in the engine as covered by the first checkpo
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -55,6 +56,7 @@ from tn.checkpoint.dump import (
     BlockReader,
     dump_data,
     dump_delta,
+    filter_key,
     table_columns,
     to_parquet,
 )
@@ -66,6 +68,10 @@ from tn.checkpoint.manifest import (
     schema_out,
 )
 from tn.memtable.block import BLOCK_ROWS, DroppedCols
+from tn.memtable.flushed import FlushedDts, loc_ts
+from tn.memtable.pk_filter import KeyFilter, filter_bits
+
+__all__ = ["CheckpointRunner", "Touched", "block_complete", "data_key", "delta_key", "loc_ts"]
 
 log = logging.getLogger(__name__)
 
@@ -85,14 +91,6 @@ def data_key(table_id: int, block_id: int, ts: int) -> str:
 
 def delta_key(table_id: int, block_id: int, ts: int) -> str:
     return f"data/{table_id}/{block_id}-{ts:020d}.delta.parquet"
-
-
-def loc_ts(loc: str) -> int:
-    """The t1 a block object was dumped at (from its key)."""
-    if not loc:
-        return 0
-    name = loc.rsplit("/", 1)[-1]
-    return int(name.split("-", 1)[1].split(".", 1)[0])
 
 
 def block_complete(blk: BlockNode, data_ts: int) -> bool:
@@ -147,9 +145,12 @@ class CheckpointRunner:
         self._wal_since = 0  # bytes of WAL entries since the last checkpoint (approx.)
         self._entries_since = 0
         self.checkpoints = 0
+        self.pruned = 0  # key index entries dropped (of flushed rows)
         self.errors: list[str] = []
         if engine.block_columns is None:
             engine.block_columns = BlockReader(store)
+        if engine.catalog.objects is None and isinstance(engine.block_columns, BlockReader):
+            engine.catalog.objects = engine.block_columns
         engine.add_commit_listener(self._on_commit)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -254,11 +255,19 @@ class CheckpointRunner:
             txn = eng.begin()
             txn.system_op(lambda cts: _flush_commands(flushes))
             txn.commit().result()
+        for blk, _, delta in flushes:
+            if isinstance(blk.mem.dts, FlushedDts):
+                blk.mem.dts.rebase(delta, t1)  # the new delta object has the deletes <= t1
         self._step("flush")
         if self.drop_memory:
             for blk in dirty:
                 if blk.id in complete and blk.meta_loc:
-                    drop_block_memory(blk)
+                    written.extend(drop_block_memory(blk, store, eng))
+            # (3b) the key index keeps what conflict checks still need: entries newer
+            # than the oldest active transaction's StartTS, or of rows in memory
+            upto = eng.catalog.oldest_start(t1)
+            for t in {b.segment.table for b in dirty} | _tables(eng):
+                self.pruned += t.mem.prune(min(upto, t1))
         self._step("drop")
         # (4) catalog as of t1, then the manifest
         snap = catalog_snapshot(eng, t1, {b.id: (m, d) for b, m, d in flushes})
@@ -269,7 +278,7 @@ class CheckpointRunner:
         for b in snap.blocks:
             if b.delete_ts:
                 continue
-            for loc in (b.meta_loc, b.delta_loc):
+            for loc in (b.meta_loc, b.delta_loc, b.pk_loc):
                 if loc:
                     live[loc] = self._size(loc)
         m = Manifest(
@@ -370,17 +379,43 @@ def _flush_commands(flushes: list[tuple[BlockNode, str, str]]) -> list[Command]:
     return out
 
 
-def drop_block_memory(blk: BlockNode) -> None:
-    """Replace a complete, dumped block's columns by its object (keeps the key column)."""
+def drop_block_memory(blk: BlockNode, store: ObjectStore | None = None, eng: Any = None) -> list[str]:
+    """Replace a complete, dumped block's rows in memory by views over its objects
+    (MemBlock.flush), after writing its key filter object next to its data object
+    (with `store`); the table then finds its keys through that filter. Returns the
+    objects written."""
     t = blk.segment.table
     mem = blk.mem
-    if isinstance(mem.cols, DroppedCols):
-        return
-    schema = t.schemas[-1][1]
-    pk = schema.column(schema.primary_key).column_id
-    with t.mem.lock:
-        cols = mem.cols
-        mem.cols = DroppedCols(blk.meta_loc, {pk: cols.get(pk, [])})
+    if mem.flushed:
+        return []
+    reader = eng.catalog.objects if eng is not None else None
+    pk = t.mem.pk_cid()
+    if reader is None or store is None:  # no object reader: the old way (key kept)
+        with t.mem.lock:
+            cols = mem.cols
+            if not isinstance(cols, DroppedCols):
+                mem.cols = DroppedCols(blk.meta_loc, {pk: cols.get(pk, [])})
+        return []
+    n = len(mem)
+    keys = mem.cols.get(pk, [])[:n]
+    cts = np.asarray(mem.cts[:n], dtype=np.int64)
+    present = [k for k, c in zip(keys, (cts < ABORTED_TS).tolist(), strict=False) if c]
+    flt = KeyFilter.build(present, filter_bits(BLOCK_ROWS, reader.bits_per_key))
+    pk_loc = filter_key(blk.meta_loc)
+    store.put(pk_loc, flt.encode())
+    blk.pk_loc = pk_loc
+    # the pipeline's visibility step writes delete ts into blocks: not during the swap
+    vis = getattr(eng.pipeline, "_vis", None)
+    with t.mem.lock, (vis if vis is not None else contextlib.nullcontext()):
+        mem.flush(reader, blk.meta_loc, blk.delta_loc, pk, n=n)
+    t.mem.register_flushed(blk, flt)
+    return [pk_loc]
+
+
+def _tables(eng: Any) -> set[TableNode]:
+    cat = eng.catalog
+    with cat.lock:
+        return {n for n in cat.nodes.values() if isinstance(n, TableNode)}
 
 
 def _ts(v: int) -> int:
@@ -444,6 +479,7 @@ def catalog_snapshot(eng: Any, t1: int, fresh: dict[int, tuple[str, str]]) -> Ca
                     data_ts,
                     min(len(n.mem), BLOCK_ROWS),
                     block_complete(n, data_ts) if meta else False,
+                    n.pk_loc if n.pk_loc and meta == n.meta_loc else "",
                 )
             )
     return snap

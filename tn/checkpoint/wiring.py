@@ -25,6 +25,8 @@ from tn.logtail.wiring import Logtail
 def recover_from_config(log: LogStore, cfg: KwalConfig, **engine_kw: Any) -> Recovered:
     """The engine from cfg.objectstore's newest checkpoint + the WAL after it."""
     engine_kw.setdefault("commit_queue", cfg.tn.commit_queue)
+    engine_kw.setdefault("bits_per_key", cfg.tn.pk_filter_bits_per_key)
+    engine_kw.setdefault("cache_blocks", cfg.tn.object_cache_blocks)
     return recover(log, open_store(cfg.objectstore), **engine_kw)
 
 

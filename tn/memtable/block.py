@@ -1,5 +1,9 @@
 """An in-memory block: at most BLOCK_ROWS rows in columnar Python lists.
 
+Once flushed (`flush`: a checkpoint dumped every row it will ever hold), the lists
+give way to views over its objects (tn.memtable.flushed): no per-row Python object
+stays in memory.
+
 Per row: the commit ts of the transaction that appended it (`cts`; MAX_TS while
 uncommitted, ABORTED_TS after an abort) and its delete ts (`dts`; MAX_TS while
 not deleted): the delete mask with timestamps. A row is visible at ts iff
@@ -13,22 +17,12 @@ from typing import Any
 
 import numpy as np
 
-from tn.catalog.nodes import MAX_TS
+from tn.catalog.nodes import ABORTED_TS, MAX_TS
+from tn.memtable.flushed import DroppedCols, FlushedDts, FlushedTs, ObjectRows, loc_ts
+
+__all__ = ["BLOCK_ROWS", "DroppedCols", "MemBlock"]
 
 BLOCK_ROWS = 8192
-
-
-class DroppedCols(dict[int, list[Any]]):
-    """`MemBlock.cols` of a block whose rows were dumped to object storage and dropped
-    from memory (tn.checkpoint): only the primary-key column stays (deletes and replay
-    need the key of a row); readers load the other columns from `loc`. A full block only
-    (no more appends), so `cts`/`dts` stay exact in memory."""
-
-    __slots__ = ("loc",)
-
-    def __init__(self, loc: str, pk: dict[int, list[Any]]) -> None:
-        super().__init__(pk)
-        self.loc = loc
 
 
 class MemBlock:
@@ -36,8 +30,9 @@ class MemBlock:
 
     def __init__(self) -> None:
         self.cols: dict[int, list[Any]] = {}
-        self.cts: list[int] = []
-        self.dts: list[int] = []
+        # lists while in memory; FlushedTs / FlushedDts once flushed (same indexing)
+        self.cts: Any = []
+        self.dts: Any = []
 
     def __len__(self) -> int:
         return len(self.cts)
@@ -81,6 +76,40 @@ class MemBlock:
             self.cts[start] = ts
         else:
             self.cts[start : start + n] = [ts] * n
+
+    @property
+    def flushed(self) -> bool:
+        return isinstance(self.cts, FlushedTs)
+
+    def flush(
+        self,
+        reader: ObjectRows,
+        loc: str,
+        delta_loc: str,
+        pk: int,
+        override: int = 0,
+        n: int | None = None,
+    ) -> None:
+        """Replace the rows in memory by views over the block's objects: `loc` holds
+        every row the block will ever have (commit ts; `override` for every row when the
+        object's were not final), `delta_loc` the deletes up to its ts; later deletes
+        stay in memory until the next delta object. The caller holds whatever keeps the
+        deletes of committing transactions off the block meanwhile (the pipeline's
+        visibility lock)."""
+        if self.flushed:
+            return
+        if n is None:
+            n = len(self.cts)
+        cts = np.asarray(self.cts[:n], dtype=np.int64) if n else np.zeros(0, np.int64)
+        dts = np.asarray(self.dts[:n], dtype=np.int64) if n else np.zeros(0, np.int64)
+        base = loc_ts(delta_loc)
+        late = np.nonzero((dts != MAX_TS) & (dts > base))[0]
+        recent = dict(zip(late.tolist(), dts[late].tolist(), strict=True))
+        # counted when the rows are here; else (recovery) at the first need
+        present = int((cts < ABORTED_TS).sum()) if len(cts) == n else -1
+        self.cts = FlushedTs(reader, loc, n, override, present)
+        self.dts = FlushedDts(reader, delta_loc, n, recent)
+        self.cols = DroppedCols(loc, pk_cid=pk, reader=reader, n=n)
 
     def visible_mask(self, ts: int, n: int) -> np.ndarray:
         """Boolean mask of the first n rows: visible at ts. n must come from a consistent

@@ -6,35 +6,69 @@ without waiting for each other's commits. New segments/blocks are catalog
 nodes with create@ = MAX_TS until the first transaction with rows in them
 commits (that transaction logs their creation).
 
-The primary-key index maps key -> [block, row, last_write_ts, live]: the newest
+The primary-key index maps key -> (block id, row, last_write_ts, live): the newest
 committed (or queued-to-commit) write of that key. It is updated in commit
 order by the pipeline, and serves the write-write conflict check and
-delete-by-key.
+delete-by-key. It holds only the working set (docs/memory.md): the checkpoint
+prunes (`prune`) the entries of rows in flushed blocks once no active transaction
+started before them (a conflict check, `ts > StartTS`, could not hit them any
+more). Duplicate-key checks and deletes find those keys through the flushed
+blocks' key filters (`lookup_many`, tn.memtable.flushed): a filter hit reads the
+block's key column; the row's commit/delete ts come from its objects. Its entries
+are tuples of plain values (replaced, never changed in place): the cyclic collector
+untracks them, so a large working set costs it nothing to walk.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from tn.catalog.nodes import BlockNode, SegmentNode, TableNode
+import numpy as np
+
+from tn.catalog.nodes import ABORTED_TS, MAX_TS, BlockNode, SegmentNode, TableNode
 from tn.memtable.block import BLOCK_ROWS, MemBlock
+from tn.memtable.flushed import DroppedCols, FlushedKeys, ObjectRows
+from tn.memtable.pk_filter import KeyFilter, filter_bits
 
 SEGMENT_BLOCKS = 16
+PRUNE_CHUNK = 20_000  # index entries dropped per hold of index_lock
 
 # (block, first row in block, first row in batch, row count)
 Range = tuple[BlockNode, int, int, int]
 
 
 class TableData:
-    __slots__ = ("lock", "segments", "blocks", "index", "open_block", "_alloc", "table")
+    __slots__ = (
+        "lock",
+        "segments",
+        "blocks",
+        "index",
+        "index_lock",
+        "by_id",
+        "flushed",
+        "objects",
+        "open_block",
+        "_alloc",
+        "table",
+    )
 
-    def __init__(self, alloc_id: Callable[[], int]) -> None:
+    def __init__(
+        self,
+        alloc_id: Callable[[], int],
+        objects: Callable[[], ObjectRows | None] | None = None,
+    ) -> None:
         self.lock = threading.Lock()
         self.segments: list[SegmentNode] = []
         self.blocks: list[BlockNode] = []
-        self.index: dict[Any, list[Any]] = {}
+        self.index: dict[Any, tuple[int, int, int, bool]] = {}
+        self.by_id: dict[int, BlockNode] = {}  # the index's block ids -> blocks
+        # serializes index writers (the pipeline's index_commit, the checkpoint's prune);
+        # readers read the dict without it
+        self.index_lock = threading.Lock()
+        self.flushed = FlushedKeys()
+        self.objects = objects or (lambda: None)  # the object reader (tn.checkpoint)
         self.open_block: BlockNode | None = None
         self._alloc = alloc_id
         self.table: TableNode | None = None  # set by the catalog
@@ -64,6 +98,7 @@ class TableData:
         blk = BlockNode(self._alloc(), seg, MemBlock())
         seg.blocks.append(blk)
         self.blocks.append(blk)
+        self.by_id[blk.id] = blk
         self.open_block = blk
         return blk
 
@@ -82,6 +117,7 @@ class TableData:
         with self.lock:
             blk.segment.blocks.append(blk)
             self.blocks.append(blk)
+            self.by_id[blk.id] = blk
             if self.open_block is None or blk.id > self.open_block.id:
                 self.open_block = blk
 
@@ -130,12 +166,119 @@ class TableData:
         deletes: list[tuple[Any, BlockNode, int]],
         ts: int,
     ) -> None:
-        """Record a committing transaction's writes: its inserts in order, then its deletes."""
+        """Record a committing transaction's writes: its inserts in order, then its deletes.
+        A delete of a row whose entry was pruned (a flushed row) enters the index: later
+        conflict checks must see it."""
         idx = self.index
-        for key, blk, row in inserts:
-            idx[key] = [blk, row, ts, True]
-        for key, blk, row in deletes:
-            e = idx.get(key)
-            if e is not None and e[0] is blk and e[1] == row:
-                e[2] = ts
-                e[3] = False
+        by_id = self.by_id
+        with self.index_lock:
+            for key, blk, row in inserts:
+                idx[key] = (blk.id, row, ts, True)
+                if blk.id not in by_id:
+                    by_id[blk.id] = blk
+            for key, blk, row in deletes:
+                e = idx.get(key)
+                if e is None or (e[0] == blk.id and e[1] == row):
+                    idx[key] = (blk.id, row, ts, False)
+                    if blk.id not in by_id:
+                        by_id[blk.id] = blk
+
+    def pk_cid(self) -> int:
+        assert self.table is not None
+        schema = self.table.schemas[-1][1]
+        return schema.column(schema.primary_key).column_id
+
+    def lookup_many(self, keys: Sequence[Any]) -> dict[Any, list[Any]]:
+        """key -> [block, row, last write ts, live] of each key's newest write (keys never
+        written are absent): the index, else the flushed blocks (their key filters, then
+        their key column and row ts). Entries are copies: read-only."""
+        idx = self.index
+        out: dict[Any, list[Any]] = {}
+        check: list[Any] = []
+        by_id = self.by_id
+        for k in keys:
+            he = idx.get(k)
+            if he is None:
+                check.append(k)
+            else:
+                out[k] = [by_id[he[0]], he[1], he[2], he[3]]
+                if not he[3]:  # a delete: a newer live row may be in a flushed block
+                    check.append(k)
+        if not check or not len(self.flushed):
+            return out
+        for k, fe in self._lookup_flushed(check).items():
+            cur = out.get(k)
+            if cur is None:
+                out[k] = fe
+            elif fe[3] and (fe[0] is not cur[0] or fe[1] != cur[1]) and fe[2] > cur[2]:
+                out[k] = fe
+        return out
+
+    def _lookup_flushed(self, keys: list[Any]) -> dict[Any, list[Any]]:
+        reader = self.objects()
+        if reader is None:
+            return {}
+        pk = self.pk_cid()
+        m = filter_bits(BLOCK_ROWS, reader.bits_per_key)
+        best: dict[Any, list[Any]] = {}
+        groups: dict[int, tuple[BlockNode, list[Any]]] = {}
+        for i, blk in self.flushed.candidates(keys, reader, pk, m):
+            if blk.delete_ts == MAX_TS and isinstance(blk.mem.cols, DroppedCols):
+                groups.setdefault(blk.id, (blk, []))[1].append(keys[i])
+        for blk, wanted in groups.values():  # one read of each per block, not per key
+            mem = blk.mem
+            cols = mem.cols
+            assert isinstance(cols, DroppedCols)
+            where = reader.key_rows(cols.loc, pk, len(mem))
+            hits = [(key, where[key]) for key in wanted if key in where]
+            if not hits:
+                continue  # false positives of the filter: one read, no answer
+            cts = np.asarray(mem.cts[:], dtype=np.int64)  # cached by the reader
+            dts = mem.dts  # by row: the deletes since the delta object are a dict
+            for key, rows in hits:
+                for r in rows:
+                    c = int(cts[r])
+                    if c >= ABORTED_TS:
+                        continue
+                    d = int(dts[r])
+                    e = [blk, r, max(c, blk.create_ts), True] if d == MAX_TS else [blk, r, d, False]
+                    cur = best.get(key)
+                    if cur is None or (e[3] and not cur[3]) or (e[3] == cur[3] and e[2] > cur[2]):
+                        best[key] = e
+        return best
+
+    def register_flushed(self, blk: BlockNode, flt: KeyFilter | None = None) -> None:
+        """blk is flushed (its rows are views over its objects): find its keys through its
+        filter from now on."""
+        self.flushed.register(blk, flt)
+
+    def prune(self, upto: int) -> int:
+        """Drop the index entries of flushed rows written at or before `upto` (the caller
+        passes min(checkpoint ts, oldest active StartTS)): lookups find them through the
+        flushed blocks. Returns how many were dropped."""
+        idx = self.index
+        registered = self.flushed
+        # the blocks whose entries may go: flushed, and their keys behind a filter (or
+        # the block replaced: lookups skip it)
+        ok = {
+            bid
+            for bid, b in list(self.by_id.items())
+            if b.mem.flushed
+            and (bid in registered.slot_of or bid in registered.pending or b.delete_ts != MAX_TS)
+        }
+        # candidates from a copy (every writer holds index_lock), checked again under
+        # the lock (an entry is replaced, never changed): the pipeline waits for the
+        # copy and the deletions, not the scan
+        with self.index_lock:
+            snap = idx.copy()
+        gone = [(k, e) for k, e in snap.items() if e[2] <= upto and e[0] in ok]
+        del snap
+        dropped = 0
+        for i in range(0, len(gone), PRUNE_CHUNK):  # commits go on between chunks
+            with self.index_lock:
+                for k, e in gone[i : i + PRUNE_CHUNK]:
+                    if idx.get(k) is e:
+                        del idx[k]
+                        dropped += 1
+        registered.forget_deleted(upto)
+        return dropped

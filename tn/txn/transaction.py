@@ -257,15 +257,17 @@ class Transaction:
             raise ValidationError("duplicate_key", "duplicate primary keys in the batch")
         own_live = self._own_live.get(t)
         own_dead = self._own_dead.get(t)
-        idx = t.mem.index
         start = self.start_ts
+        ask = []
         for k in keys:
             if own_live is not None and k in own_live:
                 raise ValidationError("duplicate_key", f"duplicate primary key {k!r}")
             if own_dead is not None and k in own_dead:
                 continue
-            e = idx.get(k)
-            # read "live" before "last write ts": the pipeline writes them in the other order
+            ask.append(k)
+        found = t.mem.lookup_many(ask) if ask else {}
+        for k in ask:
+            e = found.get(k)
             if e is not None and e[3] and e[2] <= start:
                 raise ValidationError("duplicate_key", f"duplicate primary key {k!r}")
         self._bytes += size
@@ -312,20 +314,22 @@ class Transaction:
     def _delete(self, t: TableNode, keys: list[Any]) -> None:
         own_live = self._own_live.get(t)
         own_dead = self._own_dead.setdefault(t, set())
-        idx = t.mem.index
         start = self.start_ts
         dels = self.deletes.setdefault(t, [])
         wk = self.wkeys.setdefault(t, set())
+        found = t.mem.lookup_many(
+            [k for k in keys if not (own_live is not None and k in own_live) and k not in own_dead]
+        )
         for k in keys:
             if own_live is not None and k in own_live:
                 blk, row = own_live.pop(k)
             elif k in own_dead:
                 continue
             else:
-                e = idx.get(k)
+                e = found.get(k)
                 if e is None:
                     continue
-                live = e[3]  # before e[2]: the pipeline writes e[2] first
+                live = e[3]
                 if e[2] > start:  # written after our snapshot: commit will conflict
                     wk.add(k)
                     continue

@@ -1,0 +1,311 @@
+"""`kwal bench scale`: the TN's memory and throughput over a long history (issue 33).
+
+1. a TN (engine + Kafka WAL + checkpoints every `--checkpoint-s` into a folder object
+   store) runs in a child process, so its RSS is its own; `--clients` threads in it
+   commit `--rows` rows in transactions of `--txn-rows` rows: 80 % new keys, 15 %
+   updates and 5 % deletes of keys among the thread's last `--hot-keys` inserted
+   (each thread its own keys: no conflicts between them);
+2. after each checkpoint the child samples its RSS (`/proc/self/statm`, after glibc's
+   `malloc_trim`: the C heap's free pages go back to the OS) and the rows committed so
+   far; the collector's time is summed through `gc.callbacks`;
+3. then raw Kafka: the same transactions' Arrow batches produced to a topic by one
+   plain producer (acks=all) for `--kafka-seconds`: the rows/s no TN beats here.
+
+Figures (ONE JSON line): `tn_bytes_per_row_retained` (least-squares slope of RSS
+after checkpoints over rows committed, from `--slope-from` rows on; target <= 16),
+`rows_per_s_late_vs_early` (rows/s of the last eighth of the history past
+`--slope-from` and the first checkpoint over its first eighth; target >= 0.9), `points` ([rows, TN RSS MB] per checkpoint), `tn_rows_per_s`,
+`kafka_rows_per_s`, `gc_share_early` / `gc_share_late` (the collector's share of the
+wall time in those two segments), `index_entries_last` (the key index's size at
+the last point), and the CN figures of `_cn_read` (helper `cnread`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import dataclasses
+import gc
+import itertools
+import multiprocessing as mp
+import os
+import random
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from infra.config import KwalConfig
+from ops.bench.kafka import bench_kafka
+from ops.bench.report import emit, ratio
+
+DB, TABLE = "bench", "scale"
+DEFAULT_ROWS = 8_000_000
+
+
+def _log(msg: str) -> None:
+    print(f"[bench scale] {msg}", file=sys.stderr, flush=True)
+
+
+def _rss_bytes() -> int:
+    """This process's RSS, after handing the C heap's free pages back to the OS
+    (glibc `malloc_trim`, where there is one): what is retained, not the allocator's
+    high-water mark of the busiest checkpoint interval."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+class _GcClock:
+    """Wall time spent in the cyclic collector (gc.callbacks)."""
+
+    def __init__(self) -> None:
+        self.total = 0.0
+        self._t0 = 0.0
+        gc.callbacks.append(self._cb)
+
+    def _cb(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._t0 = time.perf_counter()
+        else:
+            self.total += time.perf_counter() - self._t0
+
+    def close(self) -> None:
+        gc.callbacks.remove(self._cb)
+
+
+def _rows(keys: list[int], tag: int) -> list[dict[str, Any]]:
+    return [{"id": k, "v": f"value-{k}-{tag}", "n": k * 0.5} for k in keys]
+
+
+def _tn_child(cfg: KwalConfig, store_dir: str, params: dict[str, Any], out: Any) -> None:
+    """Steps 1-2 in the child process; puts the figures on `out`."""
+    import logging
+
+    from infra.objectstore import FolderStore
+    from tn.checkpoint.runner import CheckpointRunner
+    from tn.engine import Engine
+    from tn.logstore.driver import LogStore
+    from tn.logstore.kafka_backend import KafkaDriver
+
+    logging.getLogger("tn.logstore.kafka_backend").setLevel(logging.WARNING)
+    rows, txn_rows, clients = params["rows"], params["txn_rows"], params["clients"]
+    hot = params["hot_keys"]
+    driver = KafkaDriver(cfg, delete_records=None, retention_policy="warn")
+    log = LogStore(driver)
+    eng = Engine(log)
+    txn = eng.begin()
+    txn.create_database(DB)
+    txn.create_table(DB, TABLE, [("id", "int64"), ("v", "string"), ("n", "float64")], "id")
+    txn.commit().result(60)
+    runner = CheckpointRunner(
+        eng, FolderStore(store_dir), interval_s=params["checkpoint_s"], wal_bytes=1 << 40
+    ).start(poll_s=0.2)
+    clock = _GcClock()
+    next_key = itertools.count()
+    done = [0]  # rows committed (all threads)
+    lock = threading.Lock()
+    marks: list[tuple[int, float, float]] = []  # (rows, wall s, gc s) per transaction
+    errors: list[str] = []
+    n_upd, n_del = txn_rows * 15 // 100, txn_rows * 5 // 100
+    n_new = txn_rows - n_upd - n_del
+    t_start = time.perf_counter()
+
+    def client(i: int) -> None:
+        rng = random.Random(i)
+        mine: list[int] = []
+        tag = 0
+        while True:
+            with lock:
+                if done[0] >= rows:
+                    return
+            new = [next(next_key) for _ in range(n_new)]
+            recent = mine[-hot:]
+            picks = rng.sample(recent, min(len(recent), n_upd + n_del)) if recent else []
+            upd, dele = picks[:n_upd], picks[n_upd:]
+            tag += 1
+            t = eng.begin()
+            try:
+                t.insert(DB, TABLE, _rows(new, tag))
+                if upd:
+                    t.update(DB, TABLE, _rows(upd, tag))
+                if dele:
+                    t.delete(DB, TABLE, dele)
+                t.commit().result(120)
+            except Exception as e:  # noqa: BLE001 - counted, reported
+                errors.append(repr(e))
+                if len(errors) > 100:
+                    return
+                continue
+            mine.extend(new)
+            if len(mine) > 4 * hot:
+                del mine[: len(mine) - hot]
+            with lock:
+                done[0] += txn_rows
+                marks.append((done[0], time.perf_counter() - t_start, clock.total))
+
+    threads = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(clients)]
+    for th in threads:
+        th.start()
+    points: list[tuple[int, int]] = []
+    seen = 0
+    while any(th.is_alive() for th in threads):
+        time.sleep(0.1)
+        if runner.checkpoints != seen:
+            seen = runner.checkpoints
+            points.append((done[0], _rss_bytes()))
+            _log(f"{done[0]:,} rows, TN RSS {points[-1][1] / 2**20:.0f} MB")
+    elapsed = time.perf_counter() - t_start
+    runner.stop()
+    runner.checkpoint()
+    points.append((done[0], _rss_bytes()))
+    t = eng.catalog.table(eng.catalog.database(DB, eng.visible_ts), TABLE, eng.visible_ts)  # type: ignore[arg-type]
+    index_entries = len(t.mem.index) if t is not None else -1
+    clock.close()
+    eng.close()
+    log.close()
+    out.put(
+        {
+            "points": points,
+            "marks": marks,
+            "elapsed": elapsed,
+            "errors": errors[:5],
+            "error_count": len(errors),
+            "index_entries": index_entries,
+            "checkpoints": runner.checkpoints,
+            "checkpoint_errors": runner.errors[:3],
+        }
+    )
+
+
+def _slope(points: list[tuple[int, int]], start: int) -> float | None:
+    """Least-squares slope of RSS over rows, for points at or past `start` rows."""
+    pts = [(r, m) for r, m in points if r >= start]
+    if len(pts) < 2:
+        return None
+    mx = sum(r for r, _ in pts) / len(pts)
+    my = sum(m for _, m in pts) / len(pts)
+    den = sum((r - mx) ** 2 for r, _ in pts)
+    if den == 0:
+        return None
+    return sum((r - mx) * (m - my) for r, m in pts) / den
+
+
+def _segment(marks: list[tuple[int, float, float]], lo: float, hi: float) -> tuple[float, float]:
+    """(rows/s, gc share) between fractions lo and hi of the rows committed."""
+    total = marks[-1][0]
+    seg = [m for m in marks if lo * total <= m[0] <= hi * total]
+    if len(seg) < 2:
+        return 0.0, 0.0
+    (r0, t0, g0), (r1, t1, g1) = seg[0], seg[-1]
+    dt = t1 - t0
+    return ((r1 - r0) / dt if dt > 0 else 0.0), ((g1 - g0) / dt if dt > 0 else 0.0)
+
+
+def _raw_kafka(cfg: KwalConfig, txn_rows: int, seconds: float) -> float:
+    """Step 3: rows/s of the transactions' Arrow batches through a plain producer."""
+    from confluent_kafka import Producer
+
+    from schemas.arrow_ipc import table_to_ipc
+    from schemas.wal import ColumnDef, ColumnType, TableSchema
+    from tn.txn.rows import to_batch
+
+    schema = TableSchema(
+        (
+            ColumnDef(1, "id", ColumnType.INT64, False),
+            ColumnDef(2, "v", ColumnType.STRING),
+            ColumnDef(3, "n", ColumnType.FLOAT64),
+        ),
+        "id",
+        1,
+    )
+    payload = table_to_ipc(to_batch(schema, _rows(list(range(txn_rows)), 1)).arrow())
+    topic = f"{cfg.topics.prefix}.raw"
+    p = Producer({"bootstrap.servers": cfg.bootstrap, "acks": "all", "linger.ms": 5})
+    sent = 0
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        try:
+            p.produce(topic, payload)
+            sent += 1
+        except BufferError:
+            p.poll(0.05)
+        p.poll(0)
+    p.flush(60)
+    return sent * txn_rows / (time.perf_counter() - t0)
+
+
+def _cn_read(cfg: KwalConfig, table: str) -> dict[str, Any]:
+    """The CN part (`cn_read_peak_rss_growth_mb`): helper `cnread` writes
+    ops/bench/cn_read.py::measure_cn_read(cfg, table); the lead wires it here at merge."""
+    return {}
+
+
+def measure(cfg: KwalConfig, params: dict[str, Any]) -> dict[str, Any]:
+    """Steps 1-3 (module docstring) against the broker of `cfg`."""
+    with tempfile.TemporaryDirectory(prefix="kwal-bench-scale-") as tmp:
+        ctx = mp.get_context("spawn")
+        q = ctx.Queue()
+        child = ctx.Process(
+            target=_tn_child, args=(cfg, str(Path(tmp) / "objects"), params, q), daemon=True
+        )
+        child.start()
+        got = q.get()
+        child.join(60)
+    points, marks = got["points"], got["marks"]
+    start = params["slope_from"] or min(1_000_000, params["rows"] // 4)
+    slope = _slope(points, start)
+    # both segments in the steady state: past `start` and past the first checkpoint
+    total = marks[-1][0] if marks else 0
+    first = points[0][0] if len(points) > 1 else 0
+    lo = min(max(start, first) / total, 0.5) if total else 0.0
+    span = (1.0 - lo) / 8
+    early, gc_early = _segment(marks, lo, lo + span)
+    late, gc_late = _segment(marks, 1.0 - span, 1.0)
+    out: dict[str, Any] = {
+        "rows": marks[-1][0] if marks else 0,
+        "tn_rows_per_s": round(marks[-1][0] / got["elapsed"]) if marks else 0,
+        "tn_bytes_per_row_retained": round(slope, 2) if slope is not None else None,
+        "slope_from_rows": start,
+        "rows_per_s_early": round(early),
+        "rows_per_s_late": round(late),
+        "rows_per_s_late_vs_early": ratio(late, early),
+        "gc_share_early": round(gc_early, 4),
+        "gc_share_late": round(gc_late, 4),
+        "points": [[r, round(m / 2**20, 1)] for r, m in points],
+        "index_entries_last": got["index_entries"],
+        "checkpoints": got["checkpoints"],
+        "txn_errors": got["error_count"],
+    }
+    if got["errors"]:
+        out["txn_error_samples"] = got["errors"]
+    if got["checkpoint_errors"]:
+        out["checkpoint_errors"] = got["checkpoint_errors"]
+    return out
+
+
+def run(args: argparse.Namespace, cfg: KwalConfig) -> int:
+    params: dict[str, Any] = {
+        "rows": int(args.rows),
+        "txn_rows": int(args.txn_rows),
+        "clients": int(args.clients),
+        "hot_keys": int(args.hot_keys),
+        "checkpoint_s": float(args.checkpoint_s),
+        "slope_from": int(args.slope_from),
+    }
+    with bench_kafka(cfg, "scale") as (cfg, where, _broker):
+        cfg = dataclasses.replace(cfg, wal=dataclasses.replace(cfg.wal, backend="kafka"))
+        result: dict[str, Any] = {"bench": "scale", "bootstrap": where, **params}
+        _log(f"TN: {params['rows']:,} rows against {where}")
+        result.update(measure(cfg, params))
+        kafka = _raw_kafka(cfg, params["txn_rows"], float(args.kafka_seconds))
+        result["kafka_rows_per_s"] = round(kafka)
+        result["vs_kafka"] = ratio(result["tn_rows_per_s"], kafka)
+        result.update(_cn_read(cfg, f"{DB}.{TABLE}"))
+    emit(result)
+    return 0

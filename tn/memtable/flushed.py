@@ -1,0 +1,320 @@
+"""A flushed block's rows in memory: views over its objects, and the table's key filters.
+
+Once a checkpoint has dumped a block whose object holds every row it will ever have,
+the block keeps no per-row Python object: its commit ts (`FlushedTs`), delete ts
+(`FlushedDts`: the delta object plus the deletes committed since it was written) and
+key column (`DroppedCols`) are read from the objects on demand through an `ObjectRows`
+reader (tn.checkpoint.dump.BlockReader, an LRU cache). They index and slice like the
+lists of a block in memory (slices are numpy arrays), so readers of `MemBlock` work on
+both.
+
+`FlushedKeys` holds the primary-key filters (tn.memtable.pk_filter) of a table's
+flushed blocks, stacked bit-sliced: `bits[p]` has one bit per block, set when the
+block's filter has bit p. A key's candidate blocks are the AND of its HASHES rows:
+O(blocks / 8) bytes per key, whatever the history.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from typing import Any, Protocol, overload
+
+import numpy as np
+
+from tn.catalog.nodes import ABORTED_TS, MAX_TS, BlockNode
+from tn.memtable.pk_filter import KeyFilter, key_hashes, positions
+
+_NO_BITS = np.zeros(0, dtype=bool)
+
+
+class ObjectRows(Protocol):
+    """Reads flushed blocks' per-row data from their objects (cached)."""
+
+    bits_per_key: int
+
+    def row_ts(self, loc: str, n: int) -> np.ndarray: ...  # ABORTED_TS where no row
+
+    def delete_ts(self, loc: str, n: int) -> np.ndarray: ...  # MAX_TS where not deleted
+
+    def keys(self, loc: str, pk: int, n: int) -> list[Any]: ...
+
+    def key_rows(self, loc: str, pk: int, n: int) -> dict[Any, tuple[int, ...]]: ...
+
+    def key_filter(self, blk: BlockNode, pk: int, m: int) -> KeyFilter: ...
+
+
+def loc_ts(loc: str) -> int:
+    """The t1 an object was written at (from its key `.../<block>-<ts>...`); 0 for ""."""
+    if not loc:
+        return 0
+    name = loc.rsplit("/", 1)[-1]
+    try:
+        return int(name.split("-", 1)[1].split(".", 1)[0])
+    except (IndexError, ValueError):
+        return 0
+
+
+class DroppedCols(dict[int, list[Any]]):
+    """`MemBlock.cols` of a flushed block: no column in memory; the primary-key column
+    (deletes, replay and the logtail need a row's key) reads from the object. `loc` is
+    the object readers load the other columns from."""
+
+    __slots__ = ("loc", "pk", "reader", "n")
+
+    def __init__(
+        self,
+        loc: str,
+        pk: dict[int, list[Any]] | None = None,
+        *,
+        pk_cid: int = -1,
+        reader: ObjectRows | None = None,
+        n: int = 0,
+    ) -> None:
+        super().__init__(pk or {})
+        self.loc = loc
+        self.pk = pk_cid
+        self.reader = reader
+        self.n = n
+
+    def get(self, cid: int, default: Any = None) -> Any:
+        if cid == self.pk and self.reader is not None and not dict.__contains__(self, cid):
+            return self.reader.keys(self.loc, cid, self.n)
+        return dict.get(self, cid, default)
+
+    def __getitem__(self, cid: int) -> list[Any]:
+        got = self.get(cid)
+        if got is None:
+            raise KeyError(cid)
+        return list(got)
+
+
+class FlushedTs:
+    """Commit ts of a flushed block's rows, from its object (`override`: every row's
+    commit ts is that, for objects written before their commit ts was known)."""
+
+    __slots__ = ("reader", "loc", "n", "override", "_present")
+
+    def __init__(
+        self, reader: ObjectRows, loc: str, n: int, override: int = 0, present: int = -1
+    ) -> None:
+        self.reader = reader
+        self.loc = loc
+        self.n = n
+        self.override = override
+        self._present = present
+
+    def __len__(self) -> int:
+        return self.n
+
+    def array(self) -> np.ndarray:
+        a = self.reader.row_ts(self.loc, self.n)
+        if self.override:
+            a = np.where(a < ABORTED_TS, np.int64(self.override), a)
+        return a
+
+    @overload
+    def __getitem__(self, i: int) -> int: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> np.ndarray: ...
+
+    def __getitem__(self, i: int | slice) -> int | np.ndarray:
+        a = self.array()
+        if isinstance(i, slice):
+            return a[i]
+        return int(a[i])
+
+    def __setitem__(self, i: Any, v: Any) -> None:
+        raise TypeError("a flushed block's rows are final: its commit ts cannot change")
+
+    def present(self) -> int:
+        """Rows the object holds (cached after the first count)."""
+        if self._present < 0:
+            self._present = int((self.array() < ABORTED_TS).sum())
+        return self._present
+
+
+class FlushedDts:
+    """Delete ts of a flushed block's rows: the delta object `loc` (deletes up to its
+    ts) plus `recent`, the deletes committed since (row -> ts; moved into the next delta
+    object by the checkpoint: `rebase`)."""
+
+    __slots__ = ("reader", "n", "_state", "_lock", "_base_count")
+
+    def __init__(self, reader: ObjectRows, loc: str, n: int, recent: dict[int, int]) -> None:
+        self.reader = reader
+        self.n = n
+        self._state: tuple[str, dict[int, int]] = (loc, dict(recent))
+        self._lock = threading.Lock()
+        self._base_count = -1
+
+    @property
+    def loc(self) -> str:
+        return self._state[0]
+
+    @property
+    def recent(self) -> dict[int, int]:
+        return self._state[1]
+
+    def __len__(self) -> int:
+        return self.n
+
+    def array(self) -> np.ndarray:
+        loc, recent = self._state
+        if loc:
+            a = self.reader.delete_ts(loc, self.n).copy()
+        else:
+            a = np.full(self.n, MAX_TS, dtype=np.int64)
+        if recent:
+            items = list(recent.items())
+            a[np.fromiter((r for r, _ in items), np.int64, len(items))] = np.fromiter(
+                (d for _, d in items), np.int64, len(items)
+            )
+        return a
+
+    @overload
+    def __getitem__(self, i: int) -> int: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> np.ndarray: ...
+
+    def __getitem__(self, i: int | slice) -> int | np.ndarray:
+        if isinstance(i, slice):
+            return self.array()[i]
+        loc, recent = self._state
+        d = recent.get(i)
+        if d is not None:
+            return d
+        if not loc:
+            if not -self.n <= i < self.n:
+                raise IndexError(i)
+            return MAX_TS
+        return int(self.reader.delete_ts(loc, self.n)[i])
+
+    def __setitem__(self, row: int, ts: int) -> None:
+        if not 0 <= row < self.n:
+            raise IndexError(row)
+        with self._lock:
+            self._state[1][row] = ts
+
+    def rebase(self, loc: str, upto: int) -> None:
+        """The delta object `loc` now holds every delete with ts <= upto."""
+        with self._lock:
+            _, recent = self._state
+            self._state = (loc, {r: d for r, d in recent.items() if d > upto})
+            self._base_count = -1
+
+    def deleted(self, ts: int) -> int:
+        """Rows deleted at or before ts, for ts at or after the delta object's ts."""
+        loc, recent = self._state
+        if ts < loc_ts(loc):
+            return int((self.array() <= ts).sum())
+        if self._base_count < 0:
+            self._base_count = int((self.reader.delete_ts(loc, self.n) < MAX_TS).sum()) if loc else 0
+        return self._base_count + sum(1 for d in list(recent.values()) if d <= ts)
+
+
+class FlushedKeys:
+    """The key filters of a table's flushed blocks, stacked bit-sliced (module doc)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.m = 0
+        self.slots: list[BlockNode | None] = []
+        self.filters: list[KeyFilter | None] = []
+        self.slot_of: dict[int, int] = {}
+        self.free: list[int] = []
+        self.bits = np.zeros((0, 0), dtype=np.uint8)
+        self.pending: dict[int, BlockNode] = {}  # registered, filter not loaded yet
+        self.loads = 0  # filters loaded (or rebuilt) lazily
+
+    def __len__(self) -> int:
+        return len(self.slot_of) + len(self.pending)
+
+    def register(self, blk: BlockNode, flt: KeyFilter | None = None) -> None:
+        """A flushed block: its filter now (`flt`), or loaded at the first lookup."""
+        with self.lock:
+            if blk.id in self.slot_of:
+                return
+            if flt is None or (self.m and flt.m != self.m):
+                self.pending[blk.id] = blk
+            else:
+                self._add(blk, flt)
+
+    def forget(self, blk: BlockNode) -> None:
+        with self.lock:
+            self.pending.pop(blk.id, None)
+            j = self.slot_of.pop(blk.id, None)
+            if j is None:
+                return
+            self.bits[:, j >> 3] &= np.uint8(~(1 << (j & 7)) & 0xFF)
+            self.slots[j] = None
+            self.filters[j] = None
+            self.free.append(j)
+
+    def forget_deleted(self, upto: int) -> None:
+        """Drop the filters of blocks replaced (compacted) at or before `upto`."""
+        with self.lock:
+            gone = [b for b in self.slots if b is not None and b.delete_ts <= upto]
+            gone += [b for b in self.pending.values() if b.delete_ts <= upto]
+        for b in gone:
+            self.forget(b)
+
+    def evict(self) -> None:
+        """Drop every loaded filter (memory): each is loaded again at the next lookup."""
+        with self.lock:
+            for b in self.slots:
+                if b is not None:
+                    self.pending[b.id] = b
+            self.slots, self.filters, self.free = [], [], []
+            self.slot_of = {}
+            self.bits = np.zeros((0, 0), dtype=np.uint8)
+            self.m = 0
+
+    def _add(self, blk: BlockNode, flt: KeyFilter) -> None:
+        if not self.m:
+            self.m = flt.m
+        zone = KeyFilter(flt.m, flt.lo, flt.hi, _NO_BITS)  # the bits live in self.bits only
+        if self.free:
+            j = self.free.pop()
+            self.slots[j] = blk
+            self.filters[j] = zone
+        else:
+            j = len(self.slots)
+            self.slots.append(blk)
+            self.filters.append(zone)
+        cap = self.bits.shape[1] * 8
+        if j >= cap or self.bits.shape[0] != self.m:
+            grown = np.zeros((self.m, max(16, 2 * cap) // 8), dtype=np.uint8)
+            if self.bits.shape[0] == self.m:
+                grown[:, : self.bits.shape[1]] = self.bits
+            self.bits = grown
+        self.bits[np.nonzero(flt.bits)[0], j >> 3] |= np.uint8(1 << (j & 7))
+        self.slot_of[blk.id] = j
+
+    def _load_pending(self, reader: ObjectRows, pk: int, m: int) -> None:
+        while self.pending:
+            _, blk = self.pending.popitem()
+            self.loads += 1
+            self._add(blk, reader.key_filter(blk, pk, self.m or m))
+
+    def candidates(
+        self, keys: Sequence[Any], reader: ObjectRows, pk: int, m: int
+    ) -> list[tuple[int, BlockNode]]:
+        """(index in keys, block) pairs whose filter and zone map may hold the key."""
+        with self.lock:
+            self._load_pending(reader, pk, m)
+            if not self.slot_of or not keys:
+                return []
+            pos = positions(key_hashes(keys), self.m)
+            rows = self.bits[pos]  # [keys, HASHES, slots / 8]
+            hit = np.bitwise_and.reduce(rows, axis=1)
+            ki, sj = np.nonzero(np.unpackbits(hit, axis=1, bitorder="little"))
+            slots, filters = self.slots, self.filters
+            out = []
+            for i, j in zip(ki.tolist(), sj.tolist(), strict=True):
+                blk, flt = slots[j], filters[j]
+                if blk is not None and flt is not None and flt.may_hold(keys[i]):
+                    out.append((i, blk))
+            return out
