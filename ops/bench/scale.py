@@ -1,7 +1,7 @@
 """`kwal bench scale`: the TN's memory and throughput over a long history (issue 33).
 
-1. a TN (engine + Kafka WAL + checkpoints every `--checkpoint-s` into a folder object
-   store) runs in a child process, so its RSS is its own; `--clients` threads in it
+1. a TN (engine + Kafka WAL + logtail + checkpoints every `--checkpoint-s` into a folder
+   object store) runs in a child process, so its RSS is its own; `--clients` threads in it
    commit `--rows` rows in transactions of `--txn-rows` rows: 80 % new keys, 15 %
    updates and 5 % deletes of keys among the thread's last `--hot-keys` inserted
    (each thread its own keys: no conflicts between them);
@@ -9,7 +9,9 @@
    `malloc_trim`: the C heap's free pages go back to the OS) and the rows committed so
    far; the collector's time is summed through `gc.callbacks`;
 3. then raw Kafka: the same transactions' Arrow batches produced to a topic by one
-   plain producer (acks=all) for `--kafka-seconds`: the rows/s no TN beats here.
+   plain producer (acks=all) for `--kafka-seconds`: the rows/s no TN beats here;
+4. then a CN process bootstraps from the newest checkpoint, follows the logtail to its
+   end and reads the whole table as a stream (`ops.bench.cn_read.measure_cn_read`).
 
 Figures (ONE JSON line): `tn_bytes_per_row_retained` (least-squares slope of RSS
 after checkpoints over rows committed, from `--slope-from` rows on; target <= 16),
@@ -17,7 +19,8 @@ after checkpoints over rows committed, from `--slope-from` rows on; target <= 16
 `--slope-from` and the first checkpoint over its first eighth; target >= 0.9), `points` ([rows, TN RSS MB] per checkpoint), `tn_rows_per_s`,
 `kafka_rows_per_s`, `gc_share_early` / `gc_share_late` (the collector's share of the
 wall time in those two segments), `index_entries_last` (the key index's size at
-the last point), and the CN figures of `_cn_read` (helper `cnread`).
+the last point), and step 4's `cn_rss_mb_before_read`, `cn_read_peak_rss_growth_mb`
+(target <= 512), `cn_read_rows`, `cn_read_seconds`.
 """
 
 from __future__ import annotations
@@ -38,6 +41,8 @@ from pathlib import Path
 from typing import Any
 
 from infra.config import KwalConfig
+from infra.topics import ensure_topics
+from ops.bench.cn_read import measure_cn_read
 from ops.bench.kafka import bench_kafka
 from ops.bench.report import emit, ratio
 
@@ -83,15 +88,16 @@ def _rows(keys: list[int], tag: int) -> list[dict[str, Any]]:
     return [{"id": k, "v": f"value-{k}-{tag}", "n": k * 0.5} for k in keys]
 
 
-def _tn_child(cfg: KwalConfig, store_dir: str, params: dict[str, Any], out: Any) -> None:
+def _tn_child(cfg: KwalConfig, params: dict[str, Any], out: Any) -> None:
     """Steps 1-2 in the child process; puts the figures on `out`."""
     import logging
 
-    from infra.objectstore import FolderStore
+    from infra.objectstore import open_store
     from tn.checkpoint.runner import CheckpointRunner
     from tn.engine import Engine
     from tn.logstore.driver import LogStore
     from tn.logstore.kafka_backend import KafkaDriver
+    from tn.logtail.wiring import attach_logtail
 
     logging.getLogger("tn.logstore.kafka_backend").setLevel(logging.WARNING)
     rows, txn_rows, clients = params["rows"], params["txn_rows"], params["clients"]
@@ -103,8 +109,17 @@ def _tn_child(cfg: KwalConfig, store_dir: str, params: dict[str, Any], out: Any)
     txn.create_database(DB)
     txn.create_table(DB, TABLE, [("id", "int64"), ("v", "string"), ("n", "float64")], "id")
     txn.commit().result(60)
+    # the logtail rides the WAL's transactional producer, as in `kwal tn run`
+    logtail = attach_logtail(
+        eng, cfg, producer=driver.bus.channel() if driver.bus is not None else None
+    )
     runner = CheckpointRunner(
-        eng, FolderStore(store_dir), interval_s=params["checkpoint_s"], wal_bytes=1 << 40
+        eng,
+        open_store(cfg.objectstore),
+        interval_s=params["checkpoint_s"],
+        wal_bytes=1 << 40,
+        publish=logtail.publisher.publish_records,
+        logtail_offsets=logtail.publisher.offsets,
     ).start(poll_s=0.2)
     clock = _GcClock()
     next_key = itertools.count()
@@ -167,6 +182,8 @@ def _tn_child(cfg: KwalConfig, store_dir: str, params: dict[str, Any], out: Any)
     t = eng.catalog.table(eng.catalog.database(DB, eng.visible_ts), TABLE, eng.visible_ts)  # type: ignore[arg-type]
     index_entries = len(t.mem.index) if t is not None else -1
     clock.close()
+    eng.heartbeat().result(60)
+    logtail.close(60.0)
     eng.close()
     log.close()
     out.put(
@@ -240,23 +257,19 @@ def _raw_kafka(cfg: KwalConfig, txn_rows: int, seconds: float) -> float:
     return sent * txn_rows / (time.perf_counter() - t0)
 
 
-def _cn_read(cfg: KwalConfig, table: str) -> dict[str, Any]:
-    """The CN part (`cn_read_peak_rss_growth_mb`): helper `cnread` writes
-    ops/bench/cn_read.py::measure_cn_read(cfg, table); the lead wires it here at merge."""
-    return {}
-
-
 def measure(cfg: KwalConfig, params: dict[str, Any]) -> dict[str, Any]:
     """Steps 1-3 (module docstring) against the broker of `cfg`."""
     with tempfile.TemporaryDirectory(prefix="kwal-bench-scale-") as tmp:
+        objects = dataclasses.replace(cfg.objectstore, url=f"file://{Path(tmp) / 'objects'}")
+        cfg = dataclasses.replace(cfg, objectstore=objects)
+        ensure_topics(cfg)
         ctx = mp.get_context("spawn")
         q = ctx.Queue()
-        child = ctx.Process(
-            target=_tn_child, args=(cfg, str(Path(tmp) / "objects"), params, q), daemon=True
-        )
+        child = ctx.Process(target=_tn_child, args=(cfg, params, q), daemon=True)
         child.start()
         got = q.get()
         child.join(60)
+        cn = measure_cn_read(cfg, f"{DB}.{TABLE}")
     points, marks = got["points"], got["marks"]
     start = params["slope_from"] or min(1_000_000, params["rows"] // 4)
     slope = _slope(points, start)
@@ -281,6 +294,7 @@ def measure(cfg: KwalConfig, params: dict[str, Any]) -> dict[str, Any]:
         "index_entries_last": got["index_entries"],
         "checkpoints": got["checkpoints"],
         "txn_errors": got["error_count"],
+        **cn,
     }
     if got["errors"]:
         out["txn_error_samples"] = got["errors"]
@@ -306,6 +320,5 @@ def run(args: argparse.Namespace, cfg: KwalConfig) -> int:
         kafka = _raw_kafka(cfg, params["txn_rows"], float(args.kafka_seconds))
         result["kafka_rows_per_s"] = round(kafka)
         result["vs_kafka"] = ratio(result["tn_rows_per_s"], kafka)
-        result.update(_cn_read(cfg, f"{DB}.{TABLE}"))
     emit(result)
     return 0
