@@ -28,7 +28,9 @@ def _module_name(root: Path, path: Path) -> str:
 
 def import_graph(root: Path) -> dict[str, set[str]]:
     """Module -> the project modules it imports (a name imported from a package resolves to
-    the submodule when there is one, else to the package)."""
+    the submodule when there is one, else to the package). Importing `a.b.c` also runs the
+    `__init__` of `a.b` (and `a`): those packages count as imported too, except the ones
+    enclosing the importing module (Python has initialised them before it)."""
     paths = {
         _module_name(root, p): p
         for top in LAYER
@@ -56,8 +58,13 @@ def import_graph(root: Path) -> dict[str, set[str]]:
                 targets = [f"{base}.{a.name}" for a in node.names]
             for name in targets:
                 target = resolve(name)
-                if target is not None and target != mod:
-                    graph[mod].add(target)
+                if target is None:
+                    continue
+                parts = target.split(".")
+                for n in range(1, len(parts) + 1):
+                    dep = ".".join(parts[:n])
+                    if dep in paths and dep != mod and not mod.startswith(dep + "."):
+                        graph[mod].add(dep)
     return graph
 
 
@@ -132,10 +139,14 @@ def test_the_checks_find_an_upward_import_and_a_cycle(tmp_path: Path) -> None:
         "tn/b.py": "def f():\n    from . import a\n",
         "ops/__init__.py": "",
         "ops/cli.py": "import tn.a\n",
+        # a cycle only through a package's __init__: c imports d.e, d/__init__ imports c
+        "tn/c.py": "from tn.d.e import E\n",
+        "tn/d/__init__.py": "from tn.c import C\n",
+        "tn/d/e.py": "",
     }
     for name, text in files.items():
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text(text)
     graph = import_graph(tmp_path)
-    assert upward_imports(graph) == ["schemas.wire -> infra.config"]
-    assert import_cycles(graph) == [["tn.a", "tn.b"]]
+    assert upward_imports(graph) == ["schemas.wire -> infra", "schemas.wire -> infra.config"]
+    assert import_cycles(graph) == [["tn.a", "tn.b"], ["tn.c", "tn.d"]]

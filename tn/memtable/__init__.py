@@ -1,6 +1,3 @@
-"""In-memory blocks (columnar, at most 8192 rows) and per-table data with the primary-key index."""
-
-from tn.memtable.block import BLOCK_ROWS, MemBlock
-from tn.memtable.table import SEGMENT_BLOCKS, TableData
-
-__all__ = ["BLOCK_ROWS", "SEGMENT_BLOCKS", "MemBlock", "TableData"]
+"""In-memory blocks (columnar, at most 8192 rows: `block.py`), per-table data with the
+primary-key index (`table.py`), flushed rows read back from their objects (`flushed.py`)
+and the per-object key filters (`pk_filter.py`)."""
