@@ -17,8 +17,6 @@ Every wait is bounded; clients never subscribe (no group join), they `assign()`.
 
 from __future__ import annotations
 
-import contextlib
-import gc
 import time
 import uuid
 from collections.abc import Iterable, Iterator, Mapping
@@ -28,6 +26,7 @@ import pyarrow as pa
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
 from consumers.spark.offsets import OffsetRange, TopicPartitionKey
+from infra.collector import collector_paused
 from infra.kafka_io import poll_batch
 
 
@@ -233,7 +232,7 @@ def read_range(
             # The cyclic GC, set off by the many Message objects, doubles the cost of this
             # loop; nothing here builds cycles, so it is paused per chunk (never across a yield).
             batch = None
-            with _gc_paused():
+            with collector_paused():
                 msgs = c.consume(want, max(0.01, min(1.0, left))) if left > 0 else []
                 keys: list[bytes | None] = []
                 values: list[bytes | None] = []
@@ -339,17 +338,6 @@ def _batch(
     if "headers" in schema.names:
         columns["headers"] = pa.array(headers, type=schema.field("headers").type)
     return pa.RecordBatch.from_arrays([columns[f.name] for f in schema], schema=schema)
-
-
-@contextlib.contextmanager
-def _gc_paused() -> Iterator[None]:
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
 
 
 def _offset(m: Message) -> int:

@@ -188,28 +188,24 @@ class BlockReader:
         )
 
     def row_ts(self, loc: str, n: int) -> np.ndarray:
-        def load() -> np.ndarray:
-            data = from_parquet(self.store.get(loc), [ROW_ID, COMMIT_TS])
-            out = np.full(n, ABORTED_TS, dtype=np.int64)
-            offs = self._offsets(data)
-            keep = offs < n
-            out[offs[keep]] = np.asarray(data.column(COMMIT_TS).to_numpy(), np.int64)[keep]
-            out.setflags(write=False)
-            return out
-
-        return self._cached(("cts", loc, n), load)
+        """Commit ts of a block object's rows by offset (ABORTED_TS: no row there)."""
+        cols = [ROW_ID, COMMIT_TS]
+        return self._cached(("cts", loc, n), lambda: self._ts_by_offset(loc, n, ABORTED_TS, cols))
 
     def delete_ts(self, loc: str, n: int) -> np.ndarray:
-        def load() -> np.ndarray:
-            data = from_parquet(self.store.get(loc))
-            out = np.full(n, MAX_TS, dtype=np.int64)
-            offs = self._offsets(data)
-            keep = offs < n
-            out[offs[keep]] = np.asarray(data.column(COMMIT_TS).to_numpy(), np.int64)[keep]
-            out.setflags(write=False)
-            return out
+        """Delete ts of a block's rows by offset, from its delete object (MAX_TS: live)."""
+        return self._cached(("dts", loc, n), lambda: self._ts_by_offset(loc, n, MAX_TS, None))
 
-        return self._cached(("dts", loc, n), load)
+    def _ts_by_offset(self, loc: str, n: int, fill: int, columns: list[str] | None) -> np.ndarray:
+        """The object's `__commit_ts` column placed at its rows' offsets, `fill` elsewhere
+        (read-only: it is shared through the cache)."""
+        data = from_parquet(self.store.get(loc), columns)
+        out = np.full(n, fill, dtype=np.int64)
+        offs = self._offsets(data)
+        keep = offs < n
+        out[offs[keep]] = np.asarray(data.column(COMMIT_TS).to_numpy(), np.int64)[keep]
+        out.setflags(write=False)
+        return out
 
     def keys(self, loc: str, pk: int, n: int) -> list[Any]:
         def load() -> list[Any]:

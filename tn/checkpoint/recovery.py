@@ -12,13 +12,13 @@ Recovery reads no WAL before the checkpoint, and no column of flushed blocks.
 
 from __future__ import annotations
 
-import gc
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from infra.collector import collector_paused
 from infra.objectstore import ObjectStore
 from schemas.codec import decode_entry
 from schemas.logtail import COMMIT_TS, LARGE_TXN_SUFFIX, ROW_ID
@@ -57,14 +57,8 @@ def recover(log: LogStore, store: ObjectStore, **engine_kw: Any) -> Recovered:
     # Recovery allocates millions of long-lived objects (key index, row metadata): the
     # cyclic GC would rescan them over and over; it is paused meanwhile, and what
     # recovery built is frozen (never rescanned) afterwards.
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
+    with collector_paused(freeze_after=True):
         return _recover(log, store, **engine_kw)
-    finally:
-        gc.freeze()
-        if enabled:
-            gc.enable()
 
 
 def _recover(

@@ -68,20 +68,18 @@ each partition from the recorded offset (step 5 of opening), never from 0.
 from __future__ import annotations
 
 import bisect
-import gc
 import logging
 import threading
 import time
 import uuid
-from collections.abc import Iterator
 from concurrent.futures import Future
-from contextlib import contextmanager
 from typing import Any, Literal
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 from infra.capabilities import deletes_records, fences_at_broker
+from infra.collector import collector_paused
 from infra.config import KwalConfig
 from infra.kafka_io import RecordDeleter
 from infra.kafka_txn import TxnBus, TxnChannel, is_fenced
@@ -122,24 +120,6 @@ from tn.logstore.kafka_backend.retention_floor import RetentionFloor
 from tn.logstore.kafka_backend.writer import GroupWriter, WriterSettings
 
 log = logging.getLogger(__name__)
-
-
-@contextmanager
-def collector_paused() -> Iterator[None]:
-    """Pause Python's cyclic garbage collector while the opening reads the log.
-
-    Why: reading makes a few objects per entry (a payload, its map slot), all of which
-    live on; each time their number grows by a quarter the collector walks the whole
-    heap again, and with 100k entries that cost more than the reading itself (measured:
-    ~12 us per entry, docs/perf-replay.md). `tn.checkpoint.recovery` pauses it for the
-    same reason while it applies the entries."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
 
 
 RetentionPolicy = Literal["refuse", "warn"]
