@@ -99,6 +99,8 @@ def build_parser() -> argparse.ArgumentParser:
     bscale.add_argument("--checkpoint-s", type=float, default=15.0, help="seconds between checkpoints")
     bscale.add_argument("--slope-from", type=int, default=0,
                         help="rows from which the RSS slope is fitted (0: 1M, or rows/4 if fewer)")
+    bscale.add_argument("--diag", action="store_true",
+                        help="add what the TN holds at each checkpoint (diags)")
     bscale.add_argument("--kafka-seconds", type=float, default=10.0, help="seconds of raw Kafka")
 
     bspark = _command(bench, "spark", "ops.bench.spark:run", "Spark CN rows/s vs raw decode")

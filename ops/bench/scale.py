@@ -37,6 +37,7 @@ import sys
 import tempfile
 import threading
 import time
+from array import array
 from pathlib import Path
 from typing import Any
 
@@ -84,6 +85,68 @@ class _GcClock:
         gc.callbacks.remove(self._cb)
 
 
+def _rss_raw() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _obmalloc() -> dict[str, float]:
+    """Python's small-object allocator (sys._debugmallocstats, which writes to fd 2):
+    MB in arenas, in live blocks, free in used pools, in empty pools."""
+    names = {
+        "arenas * 1048576 bytes/arena": "ob_arenas_mb",
+        "# bytes in allocated blocks": "ob_live_mb",
+        "# bytes in available blocks": "ob_free_mb",
+        "unused pools * 16384 bytes": "ob_empty_pools_mb",
+    }
+    out: dict[str, float] = {}
+    with tempfile.TemporaryFile() as f:
+        sys.stderr.flush()
+        saved = os.dup(2)
+        os.dup2(f.fileno(), 2)
+        try:
+            sys._debugmallocstats()
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        f.seek(0)
+        for line in f.read().decode(errors="replace").splitlines():
+            for pat, name in names.items():
+                if pat in line and "=" in line:
+                    out[name] = round(int(line.rsplit("=", 1)[1].replace(",", "")) / 2**20, 1)
+    return out
+
+
+def _diag(eng: Any, t: Any) -> dict[str, Any]:
+    """What the TN holds at a checkpoint (diagnostics, `--diag`)."""
+    import pyarrow as pa
+
+    mem = t.mem if t is not None else None
+    fl = mem.flushed if mem is not None else None
+    reader = eng.catalog.objects
+    caches = getattr(reader, "_caches", {})
+    unflushed = [b for b in mem.blocks if not b.mem.flushed] if mem is not None else []
+    return {
+        "rss_raw_mb": round(_rss_raw() / 2**20, 1),
+        "py_blocks": sys.getallocatedblocks(),
+        "gc_tracked": sum(gc.get_count()),
+        "pa_mb": round(pa.total_allocated_bytes() / 2**20, 1),
+        "index": len(mem.index) if mem is not None else -1,
+        "by_id": len(mem.by_id) if mem is not None else -1,
+        "blocks": len(mem.blocks) if mem is not None else -1,
+        "unflushed_blocks": len(unflushed),
+        "unflushed_rows": sum(len(b.mem) for b in unflushed),
+        "filters": len(fl) if fl is not None else -1,
+        "filter_mb": round(fl.bits.nbytes / 2**20, 2) if fl is not None else -1,
+        "caches": {k: len(v) for k, v in caches.items()},
+        "catalog_nodes": len(eng.catalog.nodes),
+        "cpu_s": round(time.process_time(), 1),
+        "gc_objects": len(gc.get_objects()),
+        "gc_collections": [g["collections"] for g in gc.get_stats()],
+        **_obmalloc(),
+    }
+
+
 def _rows(keys: list[int], tag: int) -> list[dict[str, Any]]:
     return [{"id": k, "v": f"value-{k}-{tag}", "n": k * 0.5} for k in keys]
 
@@ -125,7 +188,7 @@ def _tn_child(cfg: KwalConfig, params: dict[str, Any], out: Any) -> None:
     next_key = itertools.count()
     done = [0]  # rows committed (all threads)
     lock = threading.Lock()
-    marks: list[tuple[int, float, float]] = []  # (rows, wall s, gc s) per transaction
+    marks: list[tuple[int, float, float, float]] = []  # (rows, wall s, gc s, cpu s) per txn
     errors: list[str] = []
     n_upd, n_del = txn_rows * 15 // 100, txn_rows * 5 // 100
     n_new = txn_rows - n_upd - n_del
@@ -133,15 +196,22 @@ def _tn_child(cfg: KwalConfig, params: dict[str, Any], out: Any) -> None:
 
     def client(i: int) -> None:
         rng = random.Random(i)
-        mine: list[int] = []
+        # the thread's recent keys: an array, not a list of ints (those would outlive
+        # the rows they came with and pin the TN's allocator arenas: the RSS measured
+        # is the TN's)
+        mine = array("q")
         tag = 0
         while True:
             with lock:
                 if done[0] >= rows:
                     return
             new = [next(next_key) for _ in range(n_new)]
-            recent = mine[-hot:]
-            picks = rng.sample(recent, min(len(recent), n_upd + n_del)) if recent else []
+            recent = len(mine) - max(0, len(mine) - hot)
+            picks = (
+                [mine[len(mine) - recent + j] for j in rng.sample(range(recent), n_upd + n_del)]
+                if recent >= n_upd + n_del
+                else mine[len(mine) - recent :].tolist()
+            )
             upd, dele = picks[:n_upd], picks[n_upd:]
             tag += 1
             t = eng.begin()
@@ -162,18 +232,31 @@ def _tn_child(cfg: KwalConfig, params: dict[str, Any], out: Any) -> None:
                 del mine[: len(mine) - hot]
             with lock:
                 done[0] += txn_rows
-                marks.append((done[0], time.perf_counter() - t_start, clock.total))
+                marks.append(
+                    (done[0], time.perf_counter() - t_start, clock.total, time.process_time())
+                )
 
     threads = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(clients)]
     for th in threads:
         th.start()
     points: list[tuple[int, int]] = []
+    diags: list[dict[str, Any]] = []
     seen = 0
+
+    def table() -> Any:
+        return eng.catalog.table(eng.catalog.database(DB, eng.visible_ts), TABLE, eng.visible_ts)  # type: ignore[arg-type]
+
     while any(th.is_alive() for th in threads):
         time.sleep(0.1)
         if runner.checkpoints != seen:
             seen = runner.checkpoints
+            d = _diag(eng, table()) if params.get("diag") else None
             points.append((done[0], _rss_bytes()))
+            if d is not None:
+                d["rows"] = points[-1][0]
+                d["rss_mb"] = round(points[-1][1] / 2**20, 1)
+                diags.append(d)
+                _log(repr(d))
             _log(f"{done[0]:,} rows, TN RSS {points[-1][1] / 2**20:.0f} MB")
     elapsed = time.perf_counter() - t_start
     runner.stop()
@@ -196,6 +279,7 @@ def _tn_child(cfg: KwalConfig, params: dict[str, Any], out: Any) -> None:
             "index_entries": index_entries,
             "checkpoints": runner.checkpoints,
             "checkpoint_errors": runner.errors[:3],
+            "diags": diags,
         }
     )
 
@@ -213,15 +297,19 @@ def _slope(points: list[tuple[int, int]], start: int) -> float | None:
     return sum((r - mx) * (m - my) for r, m in pts) / den
 
 
-def _segment(marks: list[tuple[int, float, float]], lo: float, hi: float) -> tuple[float, float]:
-    """(rows/s, gc share) between fractions lo and hi of the rows committed."""
+def _segment(
+    marks: list[tuple[int, float, float, float]], lo: float, hi: float
+) -> tuple[float, float, float]:
+    """(rows/s, gc share, TN CPU s per million rows) between fractions lo and hi of the
+    rows committed."""
     total = marks[-1][0]
     seg = [m for m in marks if lo * total <= m[0] <= hi * total]
     if len(seg) < 2:
-        return 0.0, 0.0
-    (r0, t0, g0), (r1, t1, g1) = seg[0], seg[-1]
+        return 0.0, 0.0, 0.0
+    (r0, t0, g0, c0), (r1, t1, g1, c1) = seg[0], seg[-1]
     dt = t1 - t0
-    return ((r1 - r0) / dt if dt > 0 else 0.0), ((g1 - g0) / dt if dt > 0 else 0.0)
+    cpu = (c1 - c0) / (r1 - r0) * 1e6 if r1 > r0 else 0.0
+    return ((r1 - r0) / dt if dt > 0 else 0.0), ((g1 - g0) / dt if dt > 0 else 0.0), cpu
 
 
 def _raw_kafka(cfg: KwalConfig, txn_rows: int, seconds: float) -> float:
@@ -278,8 +366,8 @@ def measure(cfg: KwalConfig, params: dict[str, Any]) -> dict[str, Any]:
     first = points[0][0] if len(points) > 1 else 0
     lo = min(max(start, first) / total, 0.5) if total else 0.0
     span = (1.0 - lo) / 8
-    early, gc_early = _segment(marks, lo, lo + span)
-    late, gc_late = _segment(marks, 1.0 - span, 1.0)
+    early, gc_early, cpu_early = _segment(marks, lo, lo + span)
+    late, gc_late, cpu_late = _segment(marks, 1.0 - span, 1.0)
     out: dict[str, Any] = {
         "rows": marks[-1][0] if marks else 0,
         "tn_rows_per_s": round(marks[-1][0] / got["elapsed"]) if marks else 0,
@@ -288,6 +376,9 @@ def measure(cfg: KwalConfig, params: dict[str, Any]) -> dict[str, Any]:
         "rows_per_s_early": round(early),
         "rows_per_s_late": round(late),
         "rows_per_s_late_vs_early": ratio(late, early),
+        "cpu_s_per_mrow_early": round(cpu_early, 2),
+        "cpu_s_per_mrow_late": round(cpu_late, 2),
+        "cpu_per_row_late_vs_early": ratio(cpu_late, cpu_early),
         "gc_share_early": round(gc_early, 4),
         "gc_share_late": round(gc_late, 4),
         "points": [[r, round(m / 2**20, 1)] for r, m in points],
@@ -296,6 +387,8 @@ def measure(cfg: KwalConfig, params: dict[str, Any]) -> dict[str, Any]:
         "txn_errors": got["error_count"],
         **cn,
     }
+    if got["diags"]:
+        out["diags"] = got["diags"]
     if got["errors"]:
         out["txn_error_samples"] = got["errors"]
     if got["checkpoint_errors"]:
@@ -311,6 +404,7 @@ def run(args: argparse.Namespace, cfg: KwalConfig) -> int:
         "hot_keys": int(args.hot_keys),
         "checkpoint_s": float(args.checkpoint_s),
         "slope_from": int(args.slope_from),
+        "diag": bool(getattr(args, "diag", False)),
     }
     with bench_kafka(cfg, "scale") as (cfg, where, _broker):
         cfg = dataclasses.replace(cfg, wal=dataclasses.replace(cfg.wal, backend="kafka"))

@@ -19,7 +19,8 @@ import io
 import json
 import threading
 from collections import OrderedDict
-from typing import Any
+from collections.abc import Iterator, Sequence
+from typing import Any, overload
 
 import numpy as np
 import pyarrow as pa
@@ -144,6 +145,81 @@ def filter_key(meta_loc: str) -> str:
     return base + ".pk"
 
 
+class IntKeys(Sequence[Any]):
+    """An int64 key column by row offset: `values`, and `present` (False: no row at that
+    offset, read as None). Indexing gives Python ints, as a list of keys would."""
+
+    __slots__ = ("values", "present")
+
+    def __init__(self, values: np.ndarray, present: np.ndarray) -> None:
+        self.values = values
+        self.present = present
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+    def tolist(self) -> list[Any]:
+        out: list[Any] = self.values.tolist()
+        for i in np.nonzero(~self.present)[0].tolist():
+            out[i] = None
+        return out
+
+    @overload
+    def __getitem__(self, i: int) -> Any: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> list[Any]: ...
+
+    def __getitem__(self, i: int | slice) -> Any:
+        if isinstance(i, slice):
+            return IntKeys(self.values[i], self.present[i]).tolist()
+        return int(self.values[i]) if self.present[i] else None
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self.tolist())
+
+
+class KeyRows:
+    """key -> the rows holding it, of one block (`find`): int64 keys through a sorted
+    array (binary search), other keys through a dict."""
+
+    __slots__ = ("sorted_keys", "rows", "by_key")
+
+    def __init__(self, keys: Sequence[Any]) -> None:
+        self.by_key: dict[Any, tuple[int, ...]] | None = None
+        if isinstance(keys, IntKeys):
+            at = np.nonzero(keys.present)[0]
+            order = np.argsort(keys.values[at], kind="stable")
+            self.rows = at[order]
+            self.sorted_keys = keys.values[self.rows]
+            return
+        self.sorted_keys = self.rows = np.zeros(0, dtype=np.int64)
+        by_key: dict[Any, tuple[int, ...]] = {}
+        for r, k in enumerate(keys):
+            if k is not None:
+                by_key[k] = (*by_key[k], r) if k in by_key else (r,)
+        self.by_key = by_key
+
+    def find(self, keys: Sequence[Any]) -> list[tuple[Any, tuple[int, ...]]]:
+        """(key, its rows) of each of `keys` the block holds."""
+        if self.by_key is not None:
+            by_key = self.by_key
+            return [(k, by_key[k]) for k in keys if k in by_key]
+        out = []
+        sk = self.sorted_keys
+        for k in keys:
+            if type(k) is not int or not _I64_MIN <= k <= _I64_MAX:
+                continue  # not an int64: not in an int64 column
+            lo = int(np.searchsorted(sk, k, "left"))
+            hi = int(np.searchsorted(sk, k, "right"))
+            if hi > lo:
+                out.append((k, tuple(self.rows[lo:hi].tolist())))
+        return out
+
+
+_I64_MIN, _I64_MAX = -(1 << 63), (1 << 63) - 1
+
+
 class BlockReader:
     """Reads flushed blocks from object storage (`Engine.block_columns`, and the
     `ObjectRows` of tn.memtable.flushed): columns, commit ts, delete ts, key column and
@@ -207,35 +283,41 @@ class BlockReader:
         out.setflags(write=False)
         return out
 
-    def keys(self, loc: str, pk: int, n: int) -> list[Any]:
-        def load() -> list[Any]:
+    def keys(self, loc: str, pk: int, n: int) -> Sequence[Any]:
+        """The block's primary keys by row offset (None: no row there); int64 keys are
+        held as arrays (`IntKeys`), not one Python int per key: these caches are
+        long-lived and filled all along, and small objects kept between a checkpoint
+        interval's rows pin the allocator's arenas once those rows are freed."""
+
+        def load() -> Sequence[Any]:
             self.key_loads += 1
             raw = self.store.get(loc)
             meta = pq.read_schema(io.BytesIO(raw)).metadata or {}
             ids = json.loads(meta[COLUMNS_META]) if COLUMNS_META in meta else {}
             names = {int(cid): name for name, cid in ids.items()}
+            if pk not in names:
+                return [None] * n
+            data = from_parquet(raw, [ROW_ID, names[pk]])
+            offs = self._offsets(data)
+            keep = offs < n
+            col = data.column(names[pk]).combine_chunks()
+            if pa.types.is_integer(col.type) and col.null_count == 0:
+                values = np.zeros(n, dtype=np.int64)
+                present = np.zeros(n, dtype=bool)
+                values[offs[keep]] = np.asarray(col.to_numpy(), dtype=np.int64)[keep]
+                present[offs[keep]] = True
+                return IntKeys(values, present)
             out: list[Any] = [None] * n
-            if pk in names:
-                data = from_parquet(raw, [ROW_ID, names[pk]])
-                offs = self._offsets(data).tolist()
-                for o, v in zip(offs, data.column(names[pk]).to_pylist(), strict=True):
-                    if o < n:
-                        out[o] = v
+            for o, v in zip(offs.tolist(), col.to_pylist(), strict=True):
+                if o < n:
+                    out[o] = v
             return out
 
         return self._cached(("keys", loc, pk, n), load)
 
-    def key_rows(self, loc: str, pk: int, n: int) -> dict[Any, tuple[int, ...]]:
+    def key_rows(self, loc: str, pk: int, n: int) -> KeyRows:
         self.key_probes += 1
-
-        def load() -> dict[Any, tuple[int, ...]]:
-            rows: dict[Any, tuple[int, ...]] = {}
-            for r, k in enumerate(self.keys(loc, pk, n)):
-                if k is not None:
-                    rows[k] = (*rows[k], r) if k in rows else (r,)
-            return rows
-
-        return self._cached(("rows", loc, pk, n), load)
+        return self._cached(("rows", loc, pk, n), lambda: KeyRows(self.keys(loc, pk, n)))
 
     def key_filter(self, blk: BlockNode, pk: int, m: int) -> KeyFilter:
         """blk's key filter of m bits: its filter object, else (none, or of another size)

@@ -229,8 +229,7 @@ class TableData:
             mem = blk.mem
             cols = mem.cols
             assert isinstance(cols, DroppedCols)
-            where = reader.key_rows(cols.loc, pk, len(mem))
-            hits = [(key, where[key]) for key in wanted if key in where]
+            hits = reader.key_rows(cols.loc, pk, len(mem)).find(wanted)
             if not hits:
                 continue  # false positives of the filter: one read, no answer
             cts = np.asarray(mem.cts[:], dtype=np.int64)  # cached by the reader

@@ -1,0 +1,76 @@
+"""`FlushedKeys.candidates`: the stacked filters and zone maps name exactly the blocks
+that may hold a key, however slots are reused, grown or evicted (the zone maps of
+integer keys are checked vectorized, the others one by one: docs/memory.md)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tn.memtable.flushed import FlushedKeys
+from tn.memtable.pk_filter import KeyFilter
+
+
+class _Blk:
+    """The little of a BlockNode that FlushedKeys reads."""
+
+    def __init__(self, bid: int) -> None:
+        self.id = bid
+
+
+class _Filters:
+    """The reader's part that loads a block's filter again (after `evict`)."""
+
+    def __init__(self) -> None:
+        self.by_id: dict[int, KeyFilter] = {}
+
+    def key_filter(self, blk: _Blk, pk: int, m: int) -> KeyFilter:
+        return self.by_id[blk.id]
+
+
+def _found(fk: FlushedKeys, keys: list[Any], reader: Any = None) -> set[tuple[Any, int]]:
+    return {(keys[i], b.id) for i, b in fk.candidates(keys, reader, 1, 1)}
+
+
+def test_int_zone_maps_name_exactly_the_blocks_whose_range_holds_the_key():
+    fk = FlushedKeys()
+    # 1-bit filters: every filter says "maybe"; only the zone maps decide
+    for b in range(40):  # more than the matrix's first capacity (16): it grows twice
+        fk.register(_Blk(b), KeyFilter.build(list(range(100 * b, 100 * b + 100)), 1))  # type: ignore[arg-type]
+    keys = [5, 150, 3999, 4000, -1, 2**63 - 1]
+    assert _found(fk, keys) == {(5, 0), (150, 1), (3999, 39)}
+    # a forgotten block's slot is reused with the new block's zone map
+    fk.forget(_Blk(1))  # type: ignore[arg-type]
+    fk.register(_Blk(99), KeyFilter.build(list(range(5000, 5100)), 1))  # type: ignore[arg-type]
+    assert _found(fk, [150, 5050, 120]) == {(5050, 99)}
+    # overlapping ranges: both blocks
+    fk.register(_Blk(100), KeyFilter.build([0, 250], 1))  # type: ignore[arg-type]
+    assert _found(fk, [5, 150, 260]) == {(5, 0), (5, 100), (150, 100), (260, 2)}
+
+
+def test_keys_or_zone_maps_that_are_not_int64_are_checked_one_by_one():
+    fk = FlushedKeys()
+    reader = _Filters()
+    reader.by_id = {
+        1: KeyFilter.build(["apple", "cherry"], 1),
+        2: KeyFilter.build([10, 20], 1),
+        3: KeyFilter.build([2**70, 2**71], 1),
+        4: KeyFilter(1, None, None, KeyFilter.build([1], 1).bits),
+    }
+    for bid, flt in reader.by_id.items():
+        fk.register(_Blk(bid), flt)  # type: ignore[arg-type]
+    # int keys: the string zone cannot be compared ("maybe"), the int zone decides, the
+    # too-large zone is checked exactly, no zone map means "maybe"
+    assert _found(fk, [15, 2**70 + 1, 30]) == {
+        (15, 1), (15, 2), (15, 4),
+        (2**70 + 1, 1), (2**70 + 1, 3), (2**70 + 1, 4),
+        (30, 1), (30, 4),
+    }
+    assert _found(fk, ["banana", "zebra"]) == {
+        ("banana", 1), ("banana", 2), ("banana", 3), ("banana", 4),
+        ("zebra", 2), ("zebra", 3), ("zebra", 4),
+    }
+    # dropped from memory, then loaded again (in another slot order) at the next lookup
+    fk.evict()
+    assert len(fk.slot_of) == 0 and len(fk) == 4
+    assert _found(fk, [15, 30], reader) == {(15, 1), (15, 2), (15, 4), (30, 1), (30, 4)}
+    assert fk.loads == 4
