@@ -21,6 +21,15 @@ after checkpoints over rows committed, from `--slope-from` rows on; target <= 16
 wall time in those two segments), `index_entries_last` (the key index's size at
 the last point), and step 4's `cn_rss_mb_before_read`, `cn_read_peak_rss_growth_mb`
 (target <= 512), `cn_read_rows`, `cn_read_seconds`.
+
+Beside them, two figures that the machine's load moves less: `cpu_s_per_mrow_early` /
+`_late` and `cpu_per_row_late_vs_early` (the TN process's CPU seconds per million rows
+in the same two segments: wall-clock rows/s also falls when other work takes the
+cores), and `tn_bytes_per_row_of_history` (RSS fitted to rows committed AND
+`rows_in_memory`, the rows of unflushed blocks at each point: the plain slope also
+moves with how many rows were committed while each checkpoint ran). `--diag` adds
+`diags`: what the TN holds at each checkpoint (index, blocks, filters, caches, Python's
+small-object arenas, live vs free).
 """
 
 from __future__ import annotations
@@ -240,6 +249,7 @@ def _tn_child(cfg: KwalConfig, params: dict[str, Any], out: Any) -> None:
     for th in threads:
         th.start()
     points: list[tuple[int, int]] = []
+    in_memory: list[int] = []  # rows of blocks not flushed, at each point
     diags: list[dict[str, Any]] = []
     seen = 0
 
@@ -252,6 +262,7 @@ def _tn_child(cfg: KwalConfig, params: dict[str, Any], out: Any) -> None:
             seen = runner.checkpoints
             d = _diag(eng, table()) if params.get("diag") else None
             points.append((done[0], _rss_bytes()))
+            in_memory.append(_rows_in_memory(table()))
             if d is not None:
                 d["rows"] = points[-1][0]
                 d["rss_mb"] = round(points[-1][1] / 2**20, 1)
@@ -262,6 +273,7 @@ def _tn_child(cfg: KwalConfig, params: dict[str, Any], out: Any) -> None:
     runner.stop()
     runner.checkpoint()
     points.append((done[0], _rss_bytes()))
+    in_memory.append(_rows_in_memory(table()))
     t = eng.catalog.table(eng.catalog.database(DB, eng.visible_ts), TABLE, eng.visible_ts)  # type: ignore[arg-type]
     index_entries = len(t.mem.index) if t is not None else -1
     clock.close()
@@ -272,6 +284,7 @@ def _tn_child(cfg: KwalConfig, params: dict[str, Any], out: Any) -> None:
     out.put(
         {
             "points": points,
+            "in_memory": in_memory,
             "marks": marks,
             "elapsed": elapsed,
             "errors": errors[:5],
@@ -282,6 +295,31 @@ def _tn_child(cfg: KwalConfig, params: dict[str, Any], out: Any) -> None:
             "diags": diags,
         }
     )
+
+
+def _rows_in_memory(t: Any) -> int:
+    """Rows of the table's blocks not flushed (the working set a checkpoint left)."""
+    if t is None:
+        return 0
+    return sum(len(b.mem) for b in list(t.mem.blocks) if not b.mem.flushed)
+
+
+def _history_slope(
+    points: list[tuple[int, int]], in_memory: list[int], start: int
+) -> float | None:
+    """RSS = a + b * rows committed + c * rows in memory, least squares over the points
+    at or past `start` rows: b, the bytes each row of history adds whatever the working
+    set left at that checkpoint (which the plain slope also sees: the rows committed
+    while the checkpoint ran)."""
+    import numpy as np
+
+    pts = [(r, m, w) for (r, m), w in zip(points, in_memory, strict=False) if r >= start]
+    if len(pts) < 4:
+        return None
+    a = np.array([[1.0, r, w] for r, _, w in pts])
+    y = np.array([m for _, m, _ in pts], dtype=float)
+    coef, _, rank, _ = np.linalg.lstsq(a, y, rcond=None)
+    return float(coef[1]) if rank == 3 else None
 
 
 def _slope(points: list[tuple[int, int]], start: int) -> float | None:
@@ -361,6 +399,7 @@ def measure(cfg: KwalConfig, params: dict[str, Any]) -> dict[str, Any]:
     points, marks = got["points"], got["marks"]
     start = params["slope_from"] or min(1_000_000, params["rows"] // 4)
     slope = _slope(points, start)
+    history = _history_slope(points, got["in_memory"], start)
     # both segments in the steady state: past `start` and past the first checkpoint
     total = marks[-1][0] if marks else 0
     first = points[0][0] if len(points) > 1 else 0
@@ -373,6 +412,8 @@ def measure(cfg: KwalConfig, params: dict[str, Any]) -> dict[str, Any]:
         "tn_rows_per_s": round(marks[-1][0] / got["elapsed"]) if marks else 0,
         "tn_bytes_per_row_retained": round(slope, 2) if slope is not None else None,
         "slope_from_rows": start,
+        "tn_bytes_per_row_of_history": round(history, 2) if history is not None else None,
+        "rows_in_memory": got["in_memory"],
         "rows_per_s_early": round(early),
         "rows_per_s_late": round(late),
         "rows_per_s_late_vs_early": ratio(late, early),

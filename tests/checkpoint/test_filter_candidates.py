@@ -1,12 +1,20 @@
-"""`FlushedKeys.candidates`: the stacked filters and zone maps name exactly the blocks
-that may hold a key, however slots are reused, grown or evicted (the zone maps of
-integer keys are checked vectorized, the others one by one: docs/memory.md)."""
+"""Finding keys in flushed blocks: `FlushedKeys.candidates` (the stacked filters and zone
+maps) names exactly the blocks that may hold a key, however slots are reused, grown or
+evicted (the zone maps of integer keys are checked vectorized, the others one by one),
+and a block's key column read back finds every row of a key (docs/memory.md)."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
-from tn.memtable.flushed import FlushedKeys
+import pyarrow as pa
+
+from infra.objectstore import FolderStore
+from schemas.logtail import ROW_ID
+from tn.checkpoint.dump import COLUMNS_META, BlockReader, IntKeys, to_parquet
+from tn.memtable.flushed import DroppedCols, FlushedKeys
 from tn.memtable.pk_filter import KeyFilter
 
 
@@ -74,3 +82,31 @@ def test_keys_or_zone_maps_that_are_not_int64_are_checked_one_by_one():
     assert len(fk.slot_of) == 0 and len(fk) == 4
     assert _found(fk, [15, 30], reader) == {(15, 1), (15, 2), (15, 4), (30, 1), (30, 4)}
     assert fk.loads == 4
+
+
+def test_a_block_key_column_read_back_finds_every_row_of_a_key(tmp_path: Path):
+    """BlockReader.keys/key_rows: int64 keys as arrays (IntKeys), found by binary search,
+    a key at two rows (deleted, then inserted again in the same block) at both, offsets
+    without a row read as None; string keys through a dict, the same answers."""
+    store = FolderStore(tmp_path)
+    reader = BlockReader(store)
+    offsets = [0, 1, 2, 5, 6]
+    for loc, keys in (("ints.parquet", [7, -3, 2**62, 7, 11]), ("strs.parquet", ["b", "a", "zz", "b", "c"])):
+        store.put(
+            loc,
+            to_parquet(
+                pa.table(
+                    {ROW_ID: pa.array(offsets, pa.int64()), "k": pa.array(keys)},
+                    metadata={COLUMNS_META: json.dumps({"k": 1}).encode()},
+                )
+            ),
+        )
+        col = reader.keys(loc, 1, 8)
+        assert list(col) == [keys[0], keys[1], keys[2], None, None, keys[3], keys[4], None]
+        assert col[5] == keys[3] and col[3] is None and col[1:3] == keys[1:3]
+        assert DroppedCols(loc, pk_cid=1, reader=reader, n=8)[1] == list(col)
+        first, second, third = keys[0], keys[1], keys[2]
+        found = dict(reader.key_rows(loc, 1, 8).find([first, second, third, "nope", 12, 2**70]))
+        assert found == {first: (0, 5), second: (1,), third: (2,)}
+    assert isinstance(reader.keys("ints.parquet", 1, 8), IntKeys)
+    assert all(type(k) is int for k in reader.keys("ints.parquet", 1, 8) if k is not None)

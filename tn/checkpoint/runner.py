@@ -67,6 +67,7 @@ from tn.checkpoint.manifest import (
     catalog_key,
     schema_out,
 )
+from tn.checkpoint.release import release_free_memory
 from tn.memtable.block import BLOCK_ROWS, DroppedCols
 from tn.memtable.flushed import FlushedDts, loc_ts
 from tn.memtable.pk_filter import KeyFilter, filter_bits
@@ -146,6 +147,7 @@ class CheckpointRunner:
         self._entries_since = 0
         self.checkpoints = 0
         self.pruned = 0  # key index entries dropped (of flushed rows)
+        self.releases = 0  # times freed memory went back to the OS after dropping rows
         self.errors: list[str] = []
         if engine.block_columns is None:
             engine.block_columns = BlockReader(store)
@@ -260,14 +262,20 @@ class CheckpointRunner:
                 blk.mem.dts.rebase(delta, t1)  # the new delta object has the deletes <= t1
         self._step("flush")
         if self.drop_memory:
+            dropped = 0
             for blk in dirty:
-                if blk.id in complete and blk.meta_loc:
+                if blk.id in complete and blk.meta_loc and not blk.mem.flushed:
                     written.extend(drop_block_memory(blk, store, eng))
+                    dropped += blk.mem.flushed
             # (3b) the key index keeps what conflict checks still need: entries newer
             # than the oldest active transaction's StartTS, or of rows in memory
             upto = eng.catalog.oldest_start(t1)
             for t in {b.segment.table for b in dirty} | _tables(eng):
                 self.pruned += t.mem.prune(min(upto, t1))
+            # (3c) the dropped rows' memory back to the OS (tn.checkpoint.release)
+            if dropped:
+                release_free_memory()
+                self.releases += 1
         self._step("drop")
         # (4) catalog as of t1, then the manifest
         snap = catalog_snapshot(eng, t1, {b.id: (m, d) for b, m, d in flushes})

@@ -341,27 +341,37 @@ class FlushedKeys:
         self, keys: Sequence[Any], reader: ObjectRows, pk: int, m: int
     ) -> list[tuple[int, BlockNode]]:
         """(index in keys, block) pairs whose filter and zone map may hold the key."""
+        if not keys:
+            return []
+        hashes = key_hashes(keys)
         with self.lock:
             self._load_pending(reader, pk, m)
-            if not self.slot_of or not keys:
+            if not self.slot_of:
                 return []
-            pos = positions(key_hashes(keys), self.m)
-            rows = self.bits[pos]  # [keys, HASHES, slots / 8]
-            hit = np.bitwise_and.reduce(rows, axis=1)
-            # (key, slot) pairs: the bytes with a bit set, then their bits (most bytes
-            # are 0: unpacking the whole matrix cost ~5 ms per 800 keys at 1,000 blocks)
-            kb, jb = np.nonzero(hit)
-            bi, bo = np.nonzero(np.unpackbits(hit[kb, jb][:, None], axis=1, bitorder="little"))
-            ki, sj = kb[bi], jb[bi] * 8 + bo
-            ints = _int_keys(keys)
-            if ints is not None and len(ki):  # the zone maps, vectorized
-                k = ints[ki]
-                keep = (self.lo[sj] <= k) & (k <= self.hi[sj])
-                ki, sj = ki[keep], sj[keep]
-            slots, filters = self.slots, self.filters
-            out = []
-            for i, j in zip(ki.tolist(), sj.tolist(), strict=True):
-                blk, flt = slots[j], filters[j]
-                if blk is not None and flt is not None and flt.may_hold(keys[i]):
-                    out.append((i, blk))
-            return out
+            # the arrays and lists as they are now; the work goes on outside the lock (the
+            # clients share it). A block added meanwhile may be missed: its keys are still
+            # in the table's index (pruned only after its filter is registered); a slot
+            # cleared or reused meanwhile can only add a candidate (one read)
+            bits, lo, hi = self.bits, self.lo, self.hi
+            slots, filters = list(self.slots), list(self.filters)
+            m_bits = self.m
+        pos = positions(hashes, m_bits)
+        hit = np.bitwise_and.reduce(bits[pos], axis=1)  # [keys, slots / 8]
+        # (key, slot) pairs: the bytes with a bit set, then their bits (most bytes are 0:
+        # unpacking the whole matrix cost ~5 ms per 800 keys at 1,000 blocks)
+        kb, jb = np.nonzero(hit)
+        bi, bo = np.nonzero(np.unpackbits(hit[kb, jb][:, None], axis=1, bitorder="little"))
+        ki, sj = kb[bi], jb[bi] * 8 + bo
+        keep = sj < len(slots)
+        ki, sj = ki[keep], sj[keep]
+        ints = _int_keys(keys)
+        if ints is not None and len(ki):  # the zone maps, vectorized
+            k = ints[ki]
+            keep = (lo[sj] <= k) & (k <= hi[sj])
+            ki, sj = ki[keep], sj[keep]
+        out = []
+        for i, j in zip(ki.tolist(), sj.tolist(), strict=True):
+            blk, flt = slots[j], filters[j]
+            if blk is not None and flt is not None and flt.may_hold(keys[i]):
+                out.append((i, blk))
+        return out
