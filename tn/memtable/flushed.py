@@ -355,6 +355,19 @@ class FlushedKeys:
             bits, lo, hi = self.bits, self.lo, self.hi
             slots, filters = list(self.slots), list(self.filters)
             m_bits = self.m
+        ints = _int_keys(keys)
+        at = None  # the keys asked of the filters (None: all)
+        if ints is not None:
+            # keys outside every zone map (new keys of an ascending key, most inserts)
+            # skip the filters: their cost grows with the blocks (an unzoned slot has
+            # the widest bounds, so then every key is asked)
+            n = len(slots)
+            inside = (ints >= lo[:n].min()) & (ints <= hi[:n].max())
+            if not inside.all():
+                at = np.nonzero(inside)[0]
+                if not len(at):
+                    return []
+                hashes = hashes[at]
         pos = positions(hashes, m_bits)
         hit = np.bitwise_and.reduce(bits[pos], axis=1)  # [keys, slots / 8]
         # (key, slot) pairs: the bytes with a bit set, then their bits (most bytes are 0:
@@ -362,9 +375,10 @@ class FlushedKeys:
         kb, jb = np.nonzero(hit)
         bi, bo = np.nonzero(np.unpackbits(hit[kb, jb][:, None], axis=1, bitorder="little"))
         ki, sj = kb[bi], jb[bi] * 8 + bo
+        if at is not None:
+            ki = at[ki]
         keep = sj < len(slots)
         ki, sj = ki[keep], sj[keep]
-        ints = _int_keys(keys)
         if ints is not None and len(ki):  # the zone maps, vectorized
             k = ints[ki]
             keep = (lo[sj] <= k) & (k <= hi[sj])
