@@ -35,6 +35,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -122,6 +123,7 @@ class CheckpointRunner:
         publish: Callable[[list[LogtailRecord]], None] | None = None,
         logtail_offsets: Callable[[], dict[str, int]] | None = None,
         truncate_logtail: Callable[[dict[str, int]], None] | None = None,
+        put_workers: int = 8,
     ) -> None:
         self.engine = engine
         self.store = store
@@ -148,6 +150,7 @@ class CheckpointRunner:
         self.checkpoints = 0
         self.pruned = 0  # key index entries dropped (of flushed rows)
         self.releases = 0  # times freed memory went back to the OS after dropping rows
+        self.put_workers = put_workers
         self.errors: list[str] = []
         if engine.block_columns is None:
             engine.block_columns = BlockReader(store)
@@ -197,7 +200,6 @@ class CheckpointRunner:
 
     def _checkpoint(self) -> Manifest | None:
         eng = self.engine
-        store = self.store
         t0 = self.last.ts if self.last is not None else 0
         prev_lsn = self.last.lsn if self.last is not None else 0
         # (1) the logtail's positions, then t1 (in this order: see step 1 above)
@@ -223,9 +225,34 @@ class CheckpointRunner:
         if not dirty and lsn == prev_lsn and self.last is not None:
             return None
         # (2) dump
+        with ThreadPoolExecutor(self.put_workers, thread_name_prefix="kwal-ckpt-put") as pool:
+            return self._checkpoint_with(pool, t0, t1, lsn, prev_lsn, dirty, offsets)
+
+    def _checkpoint_with(
+        self,
+        pool: ThreadPoolExecutor,
+        t0: int,
+        t1: int,
+        lsn: int,
+        prev_lsn: int,
+        dirty: list[BlockNode],
+        offsets: dict[str, int],
+    ) -> Manifest:
+        """Steps 2-5. Objects are put by `pool` (each put waits for the store: a fsync, a
+        PUT's round trip), all of them done before step 3 names them; the blocks'
+        filters are written and their rows dropped by the pool too."""
+        eng = self.engine
+        store = self.store
         written: list[str] = []
         flushes: list[tuple[BlockNode, str, str]] = []
         complete: set[int] = set()
+        puts: list[Future[None]] = []
+
+        def drain() -> None:
+            for f in puts:
+                f.result()
+            puts.clear()
+
         for blk in sorted(dirty, key=lambda b: b.id):
             t = blk.segment.table
             n = len(blk.mem)
@@ -236,7 +263,7 @@ class CheckpointRunner:
             if not meta or bool(np.any((cts > data_ts) & (cts <= t1))):
                 table, full = dump_data(blk, t1, table_columns(t, t1), eng.block_columns)
                 meta = data_key(t.id, blk.id, t1)
-                self._put(meta, to_parquet(table))
+                puts.append(pool.submit(self._put, meta, to_parquet(table)))
                 written.append(meta)
                 if full:
                     complete.add(blk.id)
@@ -245,12 +272,14 @@ class CheckpointRunner:
             delta = blk.delta_loc
             if bool(np.any((dts > loc_ts(delta)) & (dts <= t1))):
                 delta = delta_key(t.id, blk.id, t1)
-                self._put(delta, to_parquet(dump_delta(blk, t1)))
+                puts.append(pool.submit(self._put, delta, to_parquet(dump_delta(blk, t1))))
                 written.append(delta)
             if meta != blk.meta_loc or delta != blk.delta_loc:
                 flushes.append((blk, meta, delta))
             if len(written) <= 2:
+                drain()  # the first block's objects are in the store at this step
                 self._step("dump_one")
+        drain()
         self._step("dump")
         # (3) metaLoc/deltaLoc through a catalog-update WAL entry
         if flushes:
@@ -262,11 +291,12 @@ class CheckpointRunner:
                 blk.mem.dts.rebase(delta, t1)  # the new delta object has the deletes <= t1
         self._step("flush")
         if self.drop_memory:
-            dropped = 0
-            for blk in dirty:
-                if blk.id in complete and blk.meta_loc and not blk.mem.flushed:
-                    written.extend(drop_block_memory(blk, store, eng))
-                    dropped += blk.mem.flushed
+            drop = [
+                b for b in dirty if b.id in complete and b.meta_loc and not b.mem.flushed
+            ]
+            for f in [pool.submit(drop_block_memory, b, store, eng) for b in drop]:
+                written.extend(f.result())
+            dropped = sum(1 for b in drop if b.mem.flushed)
             # (3b) the key index keeps what conflict checks still need: entries newer
             # than the oldest active transaction's StartTS, or of rows in memory
             upto = eng.catalog.oldest_start(t1)
