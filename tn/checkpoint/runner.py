@@ -276,7 +276,7 @@ class CheckpointRunner:
                 written.append(delta)
             if meta != blk.meta_loc or delta != blk.delta_loc:
                 flushes.append((blk, meta, delta))
-            if len(written) <= 2:
+            if len(written) <= 2 and self.hook is not None:
                 drain()  # the first block's objects are in the store at this step
                 self._step("dump_one")
         drain()

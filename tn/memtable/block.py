@@ -107,6 +107,10 @@ class MemBlock:
         recent = dict(zip(late.tolist(), dts[late].tolist(), strict=True))
         # counted when the rows are here; else (recovery) at the first need
         present = int((cts < ABORTED_TS).sum()) if len(cts) == n else -1
+        # a full block's counts as the module's int objects, not new ones per block
+        # (small objects that outlive the rows around them keep their pools)
+        n = BLOCK_ROWS if n == BLOCK_ROWS else n
+        present = BLOCK_ROWS if present == BLOCK_ROWS else present
         self.cts = FlushedTs(reader, loc, n, override, present)
         self.dts = FlushedDts(reader, delta_loc, n, recent)
         self.cols = DroppedCols(loc, pk_cid=pk, reader=reader, n=n)

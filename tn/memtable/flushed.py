@@ -141,6 +141,11 @@ class FlushedTs:
         return self._present
 
 
+# One lock for every flushed block's late deletes (they are rare, and a lock per block
+# is one more small object that outlives the rows around it: docs/memory.md)
+_DTS_LOCK = threading.Lock()
+
+
 class FlushedDts:
     """Delete ts of a flushed block's rows: the delta object `loc` (deletes up to its
     ts) plus `recent`, the deletes committed since (row -> ts; moved into the next delta
@@ -152,7 +157,7 @@ class FlushedDts:
         self.reader = reader
         self.n = n
         self._state: tuple[str, dict[int, int]] = (loc, dict(recent))
-        self._lock = threading.Lock()
+        self._lock = _DTS_LOCK
         self._base_count = -1
 
     @property
@@ -227,6 +232,18 @@ _I64_MAX = np.iinfo(np.int64).max
 
 def _is_i64(v: Any) -> bool:
     return type(v) is int and _I64_MIN <= v <= _I64_MAX
+
+
+_INT_ZONE = KeyFilter(0, None, None, _NO_BITS)  # a slot whose zone map is in lo / hi
+
+
+def _int_zone_may_hold(key: Any, lo: np.int64, hi: np.int64) -> bool:
+    """An int64 zone map's answer for a key that is not an int64 ("maybe" where the key
+    does not compare with ints)."""
+    try:
+        return bool(int(lo) <= key <= int(hi))
+    except TypeError:
+        return True
 
 
 def _int_keys(keys: Sequence[Any]) -> np.ndarray | None:
@@ -305,7 +322,11 @@ class FlushedKeys:
     def _add(self, blk: BlockNode, flt: KeyFilter) -> None:
         if not self.m:
             self.m = flt.m
-        zone = KeyFilter(flt.m, flt.lo, flt.hi, _NO_BITS)  # the bits live in self.bits only
+        # the bits live in self.bits only; an int64 zone map in self.lo / self.hi only (a
+        # KeyFilter and two ints kept per block would outlive the interval's rows among
+        # them, and keep their allocator pools: docs/memory.md)
+        int_zone = _is_i64(flt.lo) and _is_i64(flt.hi)
+        zone = _INT_ZONE if int_zone else KeyFilter(flt.m, flt.lo, flt.hi, _NO_BITS)
         if self.free:
             j = self.free.pop()
             self.slots[j] = blk
@@ -325,7 +346,7 @@ class FlushedKeys:
             lo[: len(self.lo)], hi[: len(self.hi)] = self.lo, self.hi
             self.lo, self.hi = lo, hi
         self.bits[np.nonzero(flt.bits)[0], j >> 3] |= np.uint8(1 << (j & 7))
-        if _is_i64(flt.lo) and _is_i64(flt.hi):
+        if int_zone:
             self.lo[j], self.hi[j] = flt.lo, flt.hi
         else:
             self.lo[j], self.hi[j] = _I64_MIN, _I64_MAX
@@ -386,6 +407,12 @@ class FlushedKeys:
         out = []
         for i, j in zip(ki.tolist(), sj.tolist(), strict=True):
             blk, flt = slots[j], filters[j]
-            if blk is not None and flt is not None and flt.may_hold(keys[i]):
-                out.append((i, blk))
+            if blk is None or flt is None:
+                continue
+            if flt is _INT_ZONE:  # checked above when the key is an int64
+                if ints is None and not _int_zone_may_hold(keys[i], lo[j], hi[j]):
+                    continue
+            elif not flt.may_hold(keys[i]):
+                continue
+            out.append((i, blk))
         return out
