@@ -99,7 +99,7 @@ def _rss_raw() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def _obmalloc() -> dict[str, float]:
+def _obmalloc() -> dict[str, Any]:
     """Python's small-object allocator (sys._debugmallocstats, which writes to fd 2):
     MB in arenas, in live blocks, free in used pools, in empty pools."""
     names = {
@@ -108,7 +108,7 @@ def _obmalloc() -> dict[str, float]:
         "# bytes in available blocks": "ob_free_mb",
         "unused pools * 16384 bytes": "ob_empty_pools_mb",
     }
-    out: dict[str, float] = {}
+    out: dict[str, Any] = {}
     with tempfile.TemporaryFile() as f:
         sys.stderr.flush()
         saved = os.dup(2)
@@ -119,10 +119,16 @@ def _obmalloc() -> dict[str, float]:
             os.dup2(saved, 2)
             os.close(saved)
         f.seek(0)
+        free_by_size: list[tuple[float, int]] = []
         for line in f.read().decode(errors="replace").splitlines():
             for pat, name in names.items():
                 if pat in line and "=" in line:
                     out[name] = round(int(line.rsplit("=", 1)[1].replace(",", "")) / 2**20, 1)
+            cells = line.split()
+            if len(cells) == 5 and all(c.isdigit() for c in cells):  # class size pools used avail
+                free_by_size.append((int(cells[1]) * int(cells[4]) / 2**20, int(cells[1])))
+    # the size classes with the most free bytes in used pools: [size, MB]
+    out["ob_free_top"] = [[size, round(mb, 1)] for mb, size in sorted(free_by_size)[-4:]]
     return out
 
 
