@@ -136,6 +136,9 @@ class TnConfig:
     heartbeat_ms: int = 200  # an idle table's watermark lags by at most this (tn.logtail.heartbeat)
     checkpoint_interval_s: float = 60.0
     checkpoint_wal_bytes: int = 256 << 20
+    # threads that put a checkpoint's objects (each put waits for the store: a fsync, a
+    # PUT's round trip), write the blocks' filters and drop their rows (docs/memory.md)
+    checkpoint_put_workers: int = 8
     max_request_bytes: int = 8 << 20
     commit_queue: int = 4096
     metrics_port: int = 0  # 0 = no metrics endpoint

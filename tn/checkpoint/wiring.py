@@ -43,5 +43,8 @@ def start_checkpoints(rec: Recovered, cfg: KwalConfig, logtail: Logtail | None =
             "truncate_logtail": LogtailTruncator(cfg),
         }
     return rec.runner(
-        interval_s=cfg.tn.checkpoint_interval_s, wal_bytes=cfg.tn.checkpoint_wal_bytes, **kw
+        interval_s=cfg.tn.checkpoint_interval_s,
+        wal_bytes=cfg.tn.checkpoint_wal_bytes,
+        put_workers=cfg.tn.checkpoint_put_workers,
+        **kw,
     ).start()
