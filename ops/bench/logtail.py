@@ -125,16 +125,18 @@ def _cn_main(table: str) -> None:
     """The CN process: follow `table`, print every watermark advance (and one line at start)."""
     cn = CN(KwalConfig.load(), [table])
     last = [-1]
+    lock = threading.Lock()  # the start line and the CN thread's lines must not interleave
 
     def report(mark: int) -> None:
-        if mark != last[0]:
-            last[0] = mark
-            print(f"{time.monotonic():.6f} {mark}", flush=True)
+        with lock:
+            if mark != last[0]:
+                last[0] = mark
+                print(f"{time.monotonic():.6f} {mark}", flush=True)
 
+    report(0)
     cn.on_watermark = report
     freeze_startup_heap()  # as a long-running CN process does before it follows its topics
     cn.start()
-    report(0)
     signal.sigwait({signal.SIGTERM, signal.SIGINT})
     cn.close()
 
