@@ -134,6 +134,11 @@ class WalConfig:
 @dataclass
 class TnConfig:
     heartbeat_ms: int = 200  # an idle table's watermark lags by at most this (tn.logtail.heartbeat)
+    # linger.ms of the logtail publisher's own producer (where the logtail does not ride the
+    # WAL's transactional bus): 2 ms cost the engine's process ~1.6x the CPU per commit at
+    # 1k commits/s than 10 ms (librdkafka's broker thread), which is commit->visible tail
+    # latency on a busy machine (docs/perf-commit.md, "commit->visible")
+    logtail_linger_ms: int = 10
     checkpoint_interval_s: float = 60.0
     checkpoint_wal_bytes: int = 256 << 20
     # threads that put a checkpoint's objects (each put waits for the store: a fsync, a

@@ -7,6 +7,19 @@
    follows the table and prints each watermark advance with the system-wide
    monotonic clock. Latency = the first moment the CN's watermark covered a
    commit's ts - the moment that commit completed on the TN.
+   Both processes freeze their startup heap before the phase, as a TN and a
+   CN process do (`infra.collector.freeze_startup_heap`), and the engine's
+   process keeps nothing per commit that a TN would not: the memory WAL is
+   truncated behind the visible LSN (a Kafka WAL keeps no entry in memory
+   once it is acknowledged) and the bench keeps no commit futures. Else the
+   full collections of that process walk the bench's own leftovers (~12
+   tracked objects per commit) and their pauses, which grow with the run,
+   land on every commit behind them (docs/perf-commit.md).
+   Per rate it also prints the CPU each process spent per commit
+   (`tn_cpu_us_per_commit_*`: the engine's process, commits + logtail
+   publisher + the bench's loop; `cn_cpu_us_per_commit_*`: the CN process)
+   and the engine process's collector pauses (`gc_pauses_*`, `gc_max_ms_*`):
+   on a shared machine the latencies follow the load, CPU per commit far less.
 2. apply rate: the same table's topic is read from the start by a fresh CN
    (decode + apply) and by a raw confluent-kafka consumer (no decode), in the
    same run; `apply_vs_raw` = CN rows/s / raw rows/s (raw counts the rows
@@ -16,6 +29,8 @@
 from __future__ import annotations
 
 import bisect
+import gc
+import os
 import signal
 import subprocess
 import sys
@@ -27,16 +42,17 @@ from typing import Any
 from confluent_kafka import Consumer, TopicPartition
 
 from consumers.core.cn import CN
+from infra.collector import freeze_startup_heap
 from infra.config import KwalConfig
 from infra.processes import REPO, child_env
 from infra.topics import ensure_topics
 from ops.bench.kafka import bench_kafka
 from ops.bench.report import emit, percentile, ratio
+from ops.bench.saturated import cpu_s
 from tn.engine import Engine
 from tn.logstore.driver import LogStore
 from tn.logstore.memory_backend import MemoryDriver
 from tn.logtail.wiring import attach_logtail
-from tn.service.main import freeze_startup_heap
 
 ROWS_PER_TXN_APPLY = 100
 
@@ -109,45 +125,101 @@ def _cn_main(table: str) -> None:
     """The CN process: follow `table`, print every watermark advance (and one line at start)."""
     cn = CN(KwalConfig.load(), [table])
     last = [-1]
+    lock = threading.Lock()  # the start line and the CN thread's lines must not interleave
 
     def report(mark: int) -> None:
-        if mark != last[0]:
-            last[0] = mark
-            print(f"{time.monotonic():.6f} {mark}", flush=True)
+        with lock:
+            if mark != last[0]:
+                last[0] = mark
+                print(f"{time.monotonic():.6f} {mark}", flush=True)
 
-    cn.on_watermark = report
-    cn.start()
     report(0)
+    cn.on_watermark = report
+    freeze_startup_heap()  # as a long-running CN process does before it follows its topics
+    cn.start()
     signal.sigwait({signal.SIGTERM, signal.SIGINT})
     cn.close()
+
+
+class _Outcomes:
+    """Counts the commits' outcomes (no future is kept: see the module docstring)."""
+
+    def __init__(self, vis: _Visibility) -> None:
+        self.vis = vis
+        self.cond = threading.Condition()
+        self.done = 0
+        self.failed: list[BaseException] = []
+
+    def __call__(self, fut: Any) -> None:
+        err = fut.exception()
+        if err is None:
+            self.vis.committed(fut.result())
+        with self.cond:
+            self.done += 1
+            if err is not None:
+                self.failed.append(err)
+            self.cond.notify_all()
+
+    def wait(self, n: int, timeout_s: float) -> None:
+        with self.cond:
+            if not self.cond.wait_for(lambda: self.done >= n, timeout_s):
+                raise TimeoutError(f"{n - self.done} of {n} bench commits unfinished after {timeout_s}s")
+        if self.failed:
+            raise RuntimeError(f"{len(self.failed)} bench commits failed, the first: {self.failed[0]!r}")
+
+
+class _GcPauses:
+    """The cyclic collector's pauses in this process while registered (gc.callbacks)."""
+
+    def __init__(self) -> None:
+        self.pauses_ms: list[float] = []
+        self._t = 0.0
+
+    def __call__(self, phase: str, _info: dict[str, int]) -> None:
+        if phase == "start":
+            self._t = time.perf_counter()
+        else:
+            self.pauses_ms.append((time.perf_counter() - self._t) * 1000)
+
+    def __enter__(self) -> _GcPauses:
+        gc.callbacks.append(self)
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        gc.callbacks.remove(self)
+
+
+TRUNCATE_EVERY = 256  # commits between truncations of the bench's memory WAL
 
 
 def _latency_phase(
     engine: Engine, cn: _RemoteCN, rate: int, seconds: float, first_id: int
 ) -> dict[str, float]:
     vis = _Visibility()
+    outcomes = _Outcomes(vis)
     cn.on_watermark = vis.watermark
     interval = 1.0 / rate
-    start = time.perf_counter()
-    n = 0
-    futures = []
-    while time.perf_counter() - start < seconds:
-        due = start + n * interval
-        delay = due - time.perf_counter()
-        if delay > 0:
-            time.sleep(delay)
-        t = engine.begin()
-        t.insert("bench", "t", [{"id": first_id + n, "v": "x"}])
-        f = t.commit()
-        f.add_done_callback(lambda fut: vis.committed(fut.result()) if fut.exception() is None else None)
-        futures.append(f)
-        n += 1
-    for f in futures:
-        f.result(30)
-    elapsed = time.perf_counter() - start
-    deadline = time.monotonic() + 30
-    while vis.pending_ts and time.monotonic() < deadline:
-        time.sleep(0.01)
+    cpu0, cn_cpu0 = cpu_s(os.getpid()), cpu_s(cn.proc.pid)
+    with _GcPauses() as pauses:
+        start = time.perf_counter()
+        n = 0
+        while time.perf_counter() - start < seconds:
+            due = start + n * interval
+            delay = due - time.perf_counter()
+            if delay > 0:
+                time.sleep(delay)
+            t = engine.begin()
+            t.insert("bench", "t", [{"id": first_id + n, "v": "x"}])
+            t.commit().add_done_callback(outcomes)
+            n += 1
+            if n % TRUNCATE_EVERY == 0:
+                _truncate_visible(engine)
+        outcomes.wait(n, 30)
+        elapsed = time.perf_counter() - start
+        deadline = time.monotonic() + 30
+        while vis.pending_ts and time.monotonic() < deadline:
+            time.sleep(0.01)
+    tn_cpu, cn_cpu = cpu_s(os.getpid()) - cpu0, cpu_s(cn.proc.pid) - cn_cpu0
     cn.on_watermark = None
     lat = vis.latencies_ms
     return {
@@ -155,7 +227,19 @@ def _latency_phase(
         "p50_ms": round(percentile(lat, 50), 2),
         "p99_ms": round(percentile(lat, 99), 2),
         "unresolved": len(vis.pending_ts),
+        "tn_cpu_us_per_commit": round(tn_cpu / n * 1e6, 1),
+        "cn_cpu_us_per_commit": round(cn_cpu / n * 1e6, 1),
+        "gc_pauses": len(pauses.pauses_ms),
+        "gc_max_ms": round(max(pauses.pauses_ms, default=0.0), 2),
     }
+
+
+def _truncate_visible(engine: Engine) -> None:
+    """Drop the memory WAL's entries (all durable at once; nothing reads them back here):
+    the bench's process then holds no per-commit objects a TN would not."""
+    driver = engine.log.driver
+    assert isinstance(driver, MemoryDriver)
+    driver.truncate(driver.last_lsn())
 
 
 def _apply_phase(cfg: KwalConfig, engine: Engine, logtail: Any, txns: int) -> dict[str, float]:

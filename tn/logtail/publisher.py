@@ -86,7 +86,7 @@ class LogtailPublisher:
                 **{
                     "enable.idempotence": True,
                     "acks": "all",
-                    "linger.ms": 2,
+                    "linger.ms": cfg.tn.logtail_linger_ms,
                     "compression.type": "lz4",
                     "message.max.bytes": cfg.max_record_bytes,
                 }

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from contextlib import ExitStack
 from typing import Any
 
+from infra.collector import freeze_startup_heap
 from infra.config import KwalConfig
 from tn.logstore.driver import LogDriver, LogFencedError, LogStore
 
@@ -47,18 +48,6 @@ def open_driver(cfg: KwalConfig) -> LogDriver:
 
         return KafkaDriver(cfg)
     raise ValueError(f"unknown wal.backend {backend!r} (file | kafka | memory)")
-
-
-def freeze_startup_heap() -> None:
-    """Called once the TN has started: what it allocated so far (modules, the
-    recovered catalog) moves out of the cyclic collector's reach, so a full
-    collection scans only what came after and its pause stops growing with the
-    imports (`kwal bench logtail`, whose process hosts an engine the same way:
-    gen-2 pauses went from 50-70 ms to 13-39 ms, and each one delays every commit
-    behind it). Objects freed by reference count are freed as before; only
-    cycles among the frozen objects are never collected."""
-    gc.collect()
-    gc.freeze()
 
 
 def _status_publisher(cfg: KwalConfig, log: LogStore) -> Any:
