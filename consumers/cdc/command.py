@@ -7,6 +7,7 @@ import sys
 import threading
 from typing import Any
 
+from infra.collector import freeze_startup_heap
 from infra.config import KwalConfig
 from infra.objectstore import open_store
 
@@ -29,6 +30,7 @@ def run(args: Any, cfg: KwalConfig) -> int:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
+    freeze_startup_heap()  # a long-running process: full collections skip its imports
     stream.start()
     print(f"kwal changes: publishing to {cfg.topics.name('changes')}.* "
           f"(registry {cfg.change_stream.registry_url})", flush=True)
