@@ -17,3 +17,14 @@ def spark_avro_jars() -> list[str]:
     Maven cannot)."""
     directory = resolve_jars(POM, f"spark-jars-avro-{SPARK_AVRO_VERSION}")
     return sorted(str(p) for p in directory.glob("*.jar"))
+
+
+DELTA_POM = Path(__file__).with_name("jars") / "delta" / "pom.xml"
+DELTA_JARS = "spark-jars-delta-4.4.0-hadoop-aws-3.5.0-kafka-4.2.0"  # the pom's versions
+
+
+def delta_jars() -> list[str]:
+    """Paths of Delta Lake's jars, hadoop-aws with the AWS SDK v2 modules S3A needs, and
+    Spark's Kafka source (`jars/delta/pom.xml`), resolved on first use (about 28 MB)."""
+    directory = resolve_jars(DELTA_POM, DELTA_JARS)
+    return sorted(str(p) for p in directory.glob("*.jar"))
