@@ -4,6 +4,7 @@ once into the cache by infra.maven): today spark-avro, for `from_avro` on the ch
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 from infra.maven import resolve_jars
@@ -20,11 +21,12 @@ def spark_avro_jars() -> list[str]:
 
 
 DELTA_POM = Path(__file__).with_name("jars") / "delta" / "pom.xml"
-DELTA_JARS = "spark-jars-delta-4.4.0-hadoop-aws-3.5.0-kafka-4.2.0"  # the pom's versions
 
 
 def delta_jars() -> list[str]:
     """Paths of Delta Lake's jars, hadoop-aws with the AWS SDK v2 modules S3A needs, and
-    Spark's Kafka source (`jars/delta/pom.xml`), resolved on first use (about 28 MB)."""
-    directory = resolve_jars(DELTA_POM, DELTA_JARS)
+    Spark's Kafka source (`jars/delta/pom.xml`), resolved on first use (about 30 MB). The
+    cache directory is named by the pom's hash: an edited pom resolves again."""
+    digest = hashlib.sha256(DELTA_POM.read_bytes()).hexdigest()[:12]
+    directory = resolve_jars(DELTA_POM, f"spark-jars-delta-{digest}")
     return sorted(str(p) for p in directory.glob("*.jar"))
