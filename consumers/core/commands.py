@@ -70,7 +70,12 @@ def run_tail(args: Any, cfg: KwalConfig) -> int:
 
 def run_query(args: Any, cfg: KwalConfig) -> int:
     """The table as of `--ts`, or, without it, as of the watermark the CN reaches once it
-    has read everything its topics held at the start (`CN.catch_up`)."""
+    has read everything its topics held at the start (`CN.catch_up`). With
+    `--spark-output PATH`: from the Spark CN's Delta tables there instead."""
+    if getattr(args, "spark_output", None):
+        from consumers.spark.delta_reader import run_query as delta_query
+
+        return delta_query(args, cfg)
     store = open_store(cfg.objectstore)
     cn = CN(cfg, [args.table], store).start()
     ts: int | None = args.ts or None

@@ -25,12 +25,14 @@ so downstream jobs can stream the table's changes (`table_changes`, `readChangeF
 Schema evolution (ALTER TABLE ADD COLUMN) uses Delta's automatic schema merge for MERGE
 (`spark.databricks.delta.schema.autoMerge.enabled`, set per statement). A dropped table ends
 with a version that sets the table property `kwal.dropped_ts`; a table created again under
-the same name starts a new incarnation: the path `<db>.<table>` then holds the new table and
-the old one is kept under `<db>.<table>@<create ts>` (see `table_path`).
+the same name starts a new incarnation in a Delta table of its own: the first incarnation the
+job saw at `<db>.<table>`, each later one at `<db>.<table>@<table id>` (`incarnation_path`),
+so rows of two incarnations never mix and each path keeps its own history.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Sequence
 from typing import Any
@@ -55,6 +57,19 @@ def table_path(output: str, table: str) -> str:
     if not db or not name:
         raise ValueError(f"a table is db.table, got {table!r}")
     return f"{output.rstrip('/')}/{table}"
+
+
+def incarnation_path(output: str, table: str, number: int, table_id: int) -> str:
+    """The Delta table of incarnation `number` (0: the first the job saw) of `table`, with
+    catalog table id `table_id`: `table_path` for the first, `<path>@<table id>` after."""
+    base = table_path(output, table)
+    return base if number == 0 else f"{base}@{table_id}"
+
+
+def app_id(output: str) -> str:
+    """The job's `txnAppId`: named by its output, the same in every process (Python's
+    `hash` of a str is not)."""
+    return "kwal-cn-" + hashlib.sha256(output.rstrip("/").encode()).hexdigest()[:16]
 
 
 def net_changes(changes: Any) -> Any:
@@ -129,21 +144,24 @@ def merge_batch(
     return True
 
 
-def mark_dropped(spark: Any, path: str, app_id: str, batch_id: int, drop_ts: int) -> None:
-    """End the table at `path`: a last version with the property `kwal.dropped_ts`, committed
-    idempotently like a batch."""
-    conf = {
-        _TXN_APP: app_id,
-        _TXN_VERSION: str(batch_id),
-        _USER_METADATA: json.dumps({WATERMARK_KEY: int(drop_ts), BATCH_KEY: int(batch_id)}),
-    }
-    before = _last_txn_version(spark, path, app_id)
-    if before is not None and before >= batch_id:
-        return
+def mark_dropped(spark: Any, path: str, batch_id: int, drop_ts: int) -> bool:
+    """End the table at `path`: a last version with the property `kwal.dropped_ts` (its
+    userMetadata carries the drop ts as the watermark). Idempotent by the property itself:
+    a replayed batch finds it set and writes nothing (False). Its userMetadata has the batch id
+and the drop ts but no watermark."""
+    from delta.tables import DeltaTable
+
+    row = DeltaTable.forPath(spark, path).detail().select("properties").first()
+    props = (row[0] if row is not None else None) or {}
+    if DROPPED_PROPERTY in props:
+        return False
+    # no kwal_watermark: the TN has no such table at the drop ts (read_as_of refuses it)
+    conf = {_USER_METADATA: json.dumps({"kwal_dropped_ts": int(drop_ts), BATCH_KEY: int(batch_id)})}
     with _session_conf(spark, conf):
         spark.sql(
             f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ('{DROPPED_PROPERTY}' = '{int(drop_ts)}')"
         )
+    return True
 
 
 def _last_txn_version(spark: Any, path: str, app_id: str) -> int | None:
