@@ -147,8 +147,9 @@ def start_query(
     from consumers.spark.source import kafka_stream
 
     delta_output = str(output)
-    output = Path(work_dir) if work_dir else Path(delta_output)
-    check_output(delta_output, output, list(table_topics))
+    work = str(work_dir or delta_output)
+    check_output(delta_output, work, list(table_topics))
+    output = Path(work)
     if from_checkpoint not in FROM_CHECKPOINT:
         raise ValueError(f"from_checkpoint is one of {FROM_CHECKPOINT}, got {from_checkpoint!r}")
     options: dict[str, Any] = {
@@ -232,12 +233,12 @@ def start_query(
     return w.start()
 
 
-def check_output(delta_output: str, work: Path, tables: Sequence[str]) -> None:
+def check_output(delta_output: str, work: str, tables: Sequence[str]) -> None:
     """Refuse what the job cannot write to: an s3a:// output without a local work directory
     (the change log and progress files are plain file I/O), and an output the job wrote in
     its old layout (`<db>.<table>/state/batch=N`, read by kwal only): its tables are not
     Delta tables and cannot be continued."""
-    if str(work).startswith("s3a://"):
+    if work.startswith("s3a://"):
         raise ValueError(
             f"--output {delta_output}: an s3a:// output needs a local --work-dir for the job's "
             "change log, progress and Spark checkpoint"
@@ -384,7 +385,7 @@ def run(args: Any, cfg: Any) -> int:
     output = str(getattr(args, "work_dir", None) or delta_output)
     trigger = str(getattr(args, "trigger", "1s") or "1s")
     try:
-        check_output(delta_output, Path(output), tables)
+        check_output(delta_output, output, tables)
     except ValueError as e:
         print(f"kwal cn spark: {e}", file=sys.stderr)
         return 2

@@ -31,6 +31,7 @@ from consumers.spark.delta_sink import (
     table_path,
     watermarks,
 )
+from consumers.spark.job import check_output
 from consumers.spark.progress import load_progress
 from consumers.spark.session import configure_s3a
 from infra.config import KwalConfig, ObjectStoreConfig
@@ -38,7 +39,7 @@ from infra.objectstore import FolderStore, S3Store
 from tests.logtail.conftest import random_steps, start_tn
 from tests.spark.helpers import tn_rows
 
-TIMEOUT_S = 180
+TIMEOUT_S = 240
 
 SCHEMA = "__op string, __row_id long, __commit_ts long, id long, v string"
 # micro-batches of one table: (changes, watermark). Batch 1 updates id 1 (delete row 1,
@@ -190,14 +191,14 @@ def test_job_killed_mid_stream_and_restarted_writes_each_row_once(
     stamps = [tn.create("a", "b")]
     job = None
     try:
-        random_steps(tn, rng, 30, stamps)
+        random_steps(tn, rng, 15, stamps)
         assert tn.logtail.publisher.flush(30), tn.logtail.publisher.errors
-        job = _job(cfg, output, "200 milliseconds", "--max-records-per-trigger", "20")
+        job = _job(cfg, output, "200 milliseconds", "--max-records-per-trigger", "40")
         deadline = time.monotonic() + TIMEOUT_S
-        while _committed_batch(output) < 2:  # under way: more load while it runs
+        while _committed_batch(output) < 1:  # under way: more load while it runs
             assert job.poll() is None, job.stderr.read() if job.stderr else ""
             assert time.monotonic() < deadline, "the job committed no batch"
-            if len(stamps) < 120:
+            if len(stamps) < 60:
                 random_steps(tn, rng, 2, stamps)
             else:  # enough load: poll the job's progress (the wait ends early if it dies)
                 with contextlib.suppress(subprocess.TimeoutExpired):
@@ -205,7 +206,7 @@ def test_job_killed_mid_stream_and_restarted_writes_each_row_once(
         job.send_signal(signal.SIGKILL)
         job.wait(30)
         killed_at = _committed_batch(output)
-        random_steps(tn, rng, 30, stamps)
+        random_steps(tn, rng, 15, stamps)
         final = tn.engine.heartbeat().result(10)
         assert tn.logtail.publisher.flush(30), tn.logtail.publisher.errors
 
@@ -249,3 +250,14 @@ def test_job_killed_mid_stream_and_restarted_writes_each_row_once(
             job.kill()
             job.wait(30)
         tn.close()
+
+
+def test_an_output_in_the_old_layout_is_refused_by_name(tmp_path: Path) -> None:
+    """An output an earlier kwal wrote (`<db>.<table>/state/batch=N`) is not continued: the
+    error names the path and what to do; an s3a:// output needs a local work directory."""
+    (tmp_path / "db.a" / "state" / "batch=3").mkdir(parents=True)
+    with pytest.raises(ValueError, match=rf"{tmp_path}: written by an earlier kwal.*new --output"):
+        check_output(str(tmp_path), str(tmp_path), ["db.a"])
+    check_output(str(tmp_path), str(tmp_path), ["db.b"])  # another table: nothing in the old layout
+    with pytest.raises(ValueError, match="s3a://b/p: an s3a:// output needs a local --work-dir"):
+        check_output("s3a://b/p", "s3a://b/p", ["db.a"])
