@@ -282,10 +282,12 @@ class BatchWriter:
             tp.pending, tp.pending_columns, tp.pending_ts = [], [], (0, 0)
             changed += _absorb(tp, _read_local(rdir, _STAT_COLS))
         self._lap("redecode")
-        self._to_delta(spark, batch_id, tp, watermark())
+        self._to_delta(spark, batch_id, tp, watermark(), drained=stats.num_rows == 0)
         self._lap("delta")
 
-    def _to_delta(self, spark: Any, batch_id: int, tp: TableProgress, watermark: int) -> None:
+    def _to_delta(
+        self, spark: Any, batch_id: int, tp: TableProgress, watermark: int, drained: bool
+    ) -> None:
         """Step 3: the table's changes since the last batch in Delta, one MERGE per
         incarnation touched (`consumers.spark.delta_sink.merge_batch`, txnVersion = the
         batch id, so a batch replayed after a crash writes nothing twice), each version
@@ -299,9 +301,12 @@ class BatchWriter:
         dirs = tp.dirs_after(tp.delta_batch, batch_id)
         if not dirs and watermark <= tp.delta_watermark:
             return  # nothing new: no version (an idle table's heartbeats move it)
+        unfinished = False  # an earlier incarnation still open: delta_create_ts stays
         for number, inc in enumerate(tp.incarnations):
             if inc.create_ts < tp.delta_create_ts:
                 continue  # an earlier incarnation, ended in Delta already
+            if not inc.drop_ts and watermark < inc.create_ts:
+                break  # nothing of it decoded yet: a version now would claim the old rows' ts
             cols = union_columns(s for _, s in inc.schemas)
             path = incarnation_path(self.delta_output, tp.name, number, inc.table_id)
             keep = [OP, ROW_ID, COMMIT_TS, *(c.name for c in cols)]
@@ -312,11 +317,21 @@ class BatchWriter:
                 changes = changes_frame(spark, self.output, dirs, cols).filter(live).select(*keep)
             else:
                 changes = spark.createDataFrame([], change_ddl(cols)).select(*keep)
-            mark = inc.drop_ts - 1 if inc.drop_ts else watermark
+            # a dropped incarnation ends once its topic is past the drop (it is in commit
+            # order) or drained (a batch brought nothing from it): the source shares a batch
+            # among lagging topics, so its last rows may come after the catalog's drop;
+            # until then its versions claim only as far as its own topic
+            ended = bool(inc.drop_ts) and (drained or tp.watermark >= inc.drop_ts)
+            mark = min(tp.watermark, inc.drop_ts - 1) if inc.drop_ts and not ended else (
+                inc.drop_ts - 1 if inc.drop_ts else watermark
+            )
             merge_batch(spark, path, changes, self.app_id, batch_id, mark)
-            if inc.drop_ts:
+            if ended:
                 mark_dropped(spark, path, batch_id, inc.drop_ts)
-            tp.delta_create_ts = inc.create_ts + (1 if inc.drop_ts else 0)
+                if not unfinished:
+                    tp.delta_create_ts = inc.create_ts + 1
+            else:
+                unfinished = True
         tp.delta_batch = batch_id
         tp.delta_watermark = watermark
 
