@@ -36,7 +36,7 @@ from consumers.spark.progress import load_progress
 from consumers.spark.session import configure_s3a
 from infra.config import KwalConfig, ObjectStoreConfig
 from infra.objectstore import FolderStore, S3Store
-from tests.logtail.conftest import random_steps, start_tn
+from tests.logtail.conftest import COLUMNS, random_steps, start_tn
 from tests.spark.helpers import tn_rows
 
 TIMEOUT_S = 240
@@ -206,6 +206,12 @@ def test_job_killed_mid_stream_and_restarted_writes_each_row_once(
         job.send_signal(signal.SIGKILL)
         job.wait(30)
         killed_at = _committed_batch(output)
+
+        def recreate(t: Any) -> None:
+            t.drop_table("db", "b")
+            t.create_table("db", "b", COLUMNS, "id")
+
+        stamps.append(tn.commit(recreate))  # the restarted job ends b's first incarnation
         random_steps(tn, rng, 15, stamps)
         final = tn.engine.heartbeat().result(10)
         assert tn.logtail.publisher.flush(30), tn.logtail.publisher.errors
