@@ -11,10 +11,10 @@ Per micro-batch:
 2. on the driver (pyarrow over the files just written, no Spark job): the catalog records
    are applied (tables' incarnations: create ts, drop ts, schema history; the catalog
    watermark), and each table's watermark, block metas and checkpoint are folded in;
-3. each table's current state is compacted from its previous state and the change log
-   after it, at most every `compact_interval_s` (readers merge the tail in between);
+3. each table's changes since the last batch in Delta go to its Delta table(s) with one
+   MERGE per incarnation, txnVersion = the batch id (`_to_delta`);
 4. a progress file records the batch id, the watermarks, the catalog and where everything
-   is; it is the commit.
+   is: where the next batch resumes (the data's commit is step 3's, per table).
 
 The decoder needs each table's schema. It comes from the committed catalog, plus hints read
 from the catalog topic when the query starts (`catalog_hints`). Records the plan cannot
@@ -29,9 +29,10 @@ Exactly-once across restarts. Spark writes the batch's offsets to the checkpoint
 before running it, so a replayed batch id carries the same records. Every file a batch writes
 lives under a path named by its batch id and is written with mode overwrite, so a replay
 replaces, never adds; the progress file `_progress/<id>.json` is written last (atomic
-rename) and is the batch's commit: `process_batch` skips a batch id at or below the last
-progress file (it committed, Spark had not yet recorded it), and readers only look at the
-directories the last progress file lists (a crash mid-batch leaves nothing visible). Kafka
+rename): `process_batch` skips a batch id at or below the last progress file (it committed,
+Spark had not yet recorded it). Killed between step 3 and 4, the batch runs again from the
+previous progress file: each table that committed it to Delta skips it (its txnVersion),
+the others apply it. Kafka
 records re-delivered by the TN (same LSN, later offset) are harmless: a row id is inserted
 and deleted at most once, so readers de-duplicate by (row id, op).
 

@@ -9,24 +9,24 @@ written by `consumers.spark.batch_writer.BatchWriter` (its docstring numbers the
 says why a batch commits exactly once); `consumers.spark.reader` reads the output back
 (state, changes, as of a commit ts).
 
-Layout under `output/`:
+Layout. `output` (a local path or s3a://) holds one Delta table per kwal table and
+incarnation (`consumers.spark.delta_sink`; docs/delta.md): `<db>.<table>`, and
+`<db>.<table>@<table id>` for a table created again. The work directory (`work_dir`,
+default `output`; local) holds what only the job reads:
 
-    _progress/<batch id>.json                   the commit record: batch id, catalog,
-                                                watermarks, table numbers, directories
-    _changes/batch=<id>/__table=<n>/            the change log (Parquet) of table number n:
-                                                every insert and delete with its row id,
-                                                commit ts, LSN and Kafka offset, and one row
-                                                per heartbeat / block meta / checkpoint;
-                                                user columns named t<n>__<column>
+    _progress/<batch id>.json                   where the next batch resumes: batch id,
+                                                catalog, watermarks, table numbers
+    _changes/batch=<id>/__table=<n>/            the decoded change log (Parquet) of table
+                                                number n; user columns named t<n>__<column>
     _changes/batch=<id>/__table=-1/             the batch's catalog records (bytes)
-    <db>.<table>/state/batch=<id>/              the compacted current state (Parquet):
-                                                __row_id, __commit_ts, user columns, one row
-                                                per primary key
-    <db>.<table>/redecoded/batch=<id>/          late-decoded records (see above)
+    _changes/redecoded/<db>.<table>/batch=<id>/ late-decoded records (see batch_writer)
     <db>.<table>/bootstrap/                     a job started from a checkpoint: the table's
-                                                rows at its ts (batch -1), one file per object
+                                                rows at its ts (batch -1)
     _progress/bootstrap.json                    that start's commit (horizon, start offsets)
     _checkpoint/                                Spark's checkpointLocation (default)
+
+An output an earlier kwal wrote in its own layout (`<db>.<table>/state/batch=N`) is
+refused (`check_output`).
 
 Starting from a checkpoint (pull, seed 001). A new job reads its topics from their first
 records while they have them (full history); once the TN has truncated one (it does after
