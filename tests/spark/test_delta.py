@@ -24,6 +24,7 @@ from consumers.spark.delta_reader import AboveWatermarkError, read_as_of, run_qu
 from consumers.spark.delta_sink import (
     BATCH_KEY,
     DROPPED_PROPERTY,
+    WATERMARK_KEY,
     _history_metadata,
     incarnation_path,
     mark_dropped,
@@ -227,8 +228,13 @@ def test_job_killed_mid_stream_and_restarted_writes_each_row_once(
             tp = prog.tables[name]
             for number, inc in enumerate(tp.incarnations):
                 path = incarnation_path(str(output), name, number, inc.table_id)
-                batches = [m[BATCH_KEY] for m in _history_metadata(spark, path) if BATCH_KEY in m]
+                # one MERGE per batch id (mark_dropped's version repeats its batch's id)
+                history = _history_metadata(spark, path)
+                batches = [m[BATCH_KEY] for m in history if WATERMARK_KEY in m]
                 assert len(batches) == len(set(batches)), (path, batches)
+                assert any(DROPPED_PROPERTY in m or "kwal_dropped_ts" in m for m in history) == bool(
+                    inc.drop_ts
+                ), path
                 for version, ts in watermarks(spark, path):
                     table = name.split(".")[1]
                     want = tn_rows(tn, table, ts)
