@@ -85,6 +85,11 @@ class TableProgress:
     change_dirs: list[list[Any]] = field(default_factory=list)
     uncompacted: int = 0  # change rows after the state's batch
     compacted_at: float = 0.0  # wall time of the last compaction
+    # The Delta output (consumers.spark.delta_sink): the last batch whose changes are in it,
+    # the incarnation (create ts) being written, and the watermark its last version records.
+    delta_batch: int | None = None
+    delta_create_ts: int = 0
+    delta_watermark: int = 0
 
     @property
     def current(self) -> Incarnation | None:
@@ -127,6 +132,9 @@ class TableProgress:
             "change_dirs": self.change_dirs,
             "uncompacted": self.uncompacted,
             "compacted_at": self.compacted_at,
+            "delta_batch": self.delta_batch,
+            "delta_create_ts": self.delta_create_ts,
+            "delta_watermark": self.delta_watermark,
         }
 
     @classmethod
@@ -148,6 +156,9 @@ class TableProgress:
             [list(x) for x in d["change_dirs"]],
             int(d["uncompacted"]),
             float(d["compacted_at"]),
+            d.get("delta_batch"),
+            int(d.get("delta_create_ts", 0)),
+            int(d.get("delta_watermark", 0)),
         )
 
 
