@@ -24,7 +24,7 @@ import pytest
 from infra.brokers.local import DEFAULT_BROKER, check_broker
 from infra.config import KwalConfig, ObjectStoreConfig
 from infra.objectstore import S3Store
-from infra.processes import ServerProcess
+from infra.processes import ServerProcess, log_tail
 
 LOG_DIR = Path(os.environ.get("KWAL_TEST_LOG_DIR", "/tmp/kwal-test-logs"))
 TEST_BROKER = os.environ.get("KWAL_TEST_BROKER", DEFAULT_BROKER)
@@ -52,12 +52,48 @@ def embedded_broker() -> Iterator[ServerProcess | None]:
 
     from infra.brokers.local import start_local_broker
 
+    global _session_broker
     broker_dir = Path(tempfile.mkdtemp(prefix=f"broker-{check_broker(TEST_BROKER)}-", dir=_log_dir()))
     broker = start_local_broker(TEST_BROKER, broker_dir)
+    _session_broker = broker
     try:
         yield broker
     finally:
+        _session_broker = None
         broker.stop()
+
+
+# The broker `embedded_broker` started, for `session_broker_alive`.
+_session_broker: ServerProcess | None = None
+
+
+def _broker_death(broker: ServerProcess) -> str:
+    """What to say when the session's broker has exited: its first ERROR line (the cause,
+    where the broker logged one) and the end of its log."""
+    first_error = "(none)"
+    try:
+        with broker.log_path.open(errors="replace") as f:
+            first_error = next((line.rstrip() for line in f if " ERROR " in line), first_error)
+    except OSError:
+        pass
+    return (
+        f"the session's {TEST_BROKER} broker ({broker.address}, pid {broker.pid}) has exited; "
+        f"every later test on it fails. Its first ERROR line: {first_error}\n"
+        f"The end of {broker.log_path}:\n{log_tail(broker.log_path, 10)}"
+    )
+
+
+@pytest.fixture(autouse=True)
+def session_broker_alive() -> Iterator[None]:
+    """Name a dead session broker, before a test (instead of a transport error deep in a
+    fixture) and after the test that was running when it died."""
+    broker = _session_broker
+    if broker is not None and not broker.alive():
+        pytest.fail(_broker_death(broker), pytrace=False)
+    yield
+    broker = _session_broker
+    if broker is not None and not broker.alive():
+        pytest.fail(_broker_death(broker), pytrace=False)
 
 
 @pytest.fixture(scope="session")

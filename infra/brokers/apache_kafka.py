@@ -15,8 +15,9 @@ Start (`KafkaNode.start`):
    Metadata request names a broker (with WARN logging the "started" line is gone).
 
 The settings favour a 2-core machine and tests that watch retention happen:
-a small heap and cleaner buffer, retention checked every second from the start,
-deleted segments removed at once. Segments keep Kafka's default size (1 GiB): a
+a small heap and cleaner buffer, retention checked every second from the start.
+Deleted segments leave the log at once but their files only after Kafka's own delay
+(`log.segment.delete.delay.ms`, 60 s; see BROKER_SETTINGS). Segments keep Kafka's default size (1 GiB): a
 segment must hold kwal's largest record (`KwalConfig.max_record_bytes`, above
 8 MiB), so a test that wants segments to roll sets the topic's `segment.ms`.
 
@@ -58,15 +59,20 @@ BROKER_SETTINGS: dict[str, str] = {
     "num.partitions": "1",
     "auto.create.topics.enable": "true",
     "delete.topic.enable": "true",
-    # retention that tests can watch: checked every second from start-up, segments
-    # deleted at once once retention marks them
+    # retention that tests can watch: checked every second from start-up
     "log.retention.check.interval.ms": "1000",
     "log.initial.task.delay.ms": "0",
-    "log.segment.delete.delay.ms": "0",
-    # file.delete.delay.ms keeps Kafka's 60 s. Deleting a topic while the retention task
-    # still deletes its segments can take the log dir offline and shut the broker down
-    # (seen in CI, with 0 and with 60 s alike), so `kwal doctor`'s retention probe does not
-    # delete its scratch topic (infra.capabilities)
+    # log.segment.delete.delay.ms (the topics' file.delete.delay.ms) keeps Kafka's 60 s.
+    # A roll schedules a flush of the segments before the new one; a segment that
+    # retention deletes before that flush runs must still be open, and Kafka's only guard
+    # is this delay (KAFKA-6624, KAFKA-17727). With 0, a topic rolling every few ms under
+    # a short retention made the flush meet a closed file (ClosedChannelException), the
+    # log dir went offline and the broker shut down mid-suite. The deleted segment leaves
+    # the log (log-start offset, `*.log` files) at once either way; only its renamed
+    # `.deleted` file waits.
+    # Deleting a topic while the retention task still deletes its segments can also take
+    # the log dir offline (KAFKA-19571), so `kwal doctor`'s retention
+    # probe does not delete its scratch topic (infra.capabilities)
     # a small machine: the cleaner's dedupe buffer is heap (128 MiB by default)
     "log.cleaner.dedupe.buffer.size": str(8 << 20),
     "log.cleaner.threads": "1",
