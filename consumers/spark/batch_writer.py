@@ -84,7 +84,13 @@ from consumers.spark.decode import (
     wide_ddl,
     wide_name,
 )
-from consumers.spark.delta_sink import app_id, incarnation_path, mark_dropped, merge_batch
+from consumers.spark.delta_sink import (
+    TxnCache,
+    app_id,
+    incarnation_path,
+    mark_dropped,
+    merge_batch,
+)
 from consumers.spark.large_txn import new_large_blocks, write_large_blocks
 from consumers.spark.progress import (
     CHANGES,
@@ -138,6 +144,7 @@ class BatchWriter:
         self.output = str(output)  # local: the change log and progress files
         self.delta_output = str(delta_output or output)  # the Delta tables: local or s3a://
         self.app_id = app_id(self.delta_output)
+        self.txns = TxnCache()  # each Delta table's last committed batch id
         self.store = store  # large transactions' blocks (consumers.spark.large_txn)
         self.compact_interval_s = compact_interval_s
         self.catalog_topic = catalog_topic
@@ -147,11 +154,13 @@ class BatchWriter:
         self.batches_applied = 0
         self.batches_skipped = 0
         self.timings: dict[str, float] = {}  # seconds spent per step, over all batches
+        self.batch_timings: dict[str, float] = {}  # the same, of the last batch
         self._t = time.perf_counter()
 
     def _lap(self, step: str) -> None:
         now = time.perf_counter()
         self.timings[step] = round(self.timings.get(step, 0.0) + now - self._t, 3)
+        self.batch_timings[step] = round(self.batch_timings.get(step, 0.0) + now - self._t, 3)
         self._t = now
 
     def __call__(self, df: Any, batch_id: int) -> None:
@@ -212,6 +221,7 @@ class BatchWriter:
 
     def process_batch(self, df: Any, batch_id: int) -> None:
         self._t = time.perf_counter()
+        self.batch_timings = {}
         prog = self._fresh_progress()
         if prog.batch_id >= batch_id:
             self.batches_skipped += 1  # committed before a crash; Spark replays it: no-op
@@ -238,7 +248,8 @@ class BatchWriter:
         self.batches_applied += 1
         self._lap("commit")
         if os.environ.get("KWAL_SPARK_TIMINGS"):
-            print(f"[kwal cn spark] batch {batch_id}: {self.timings}", file=sys.stderr, flush=True)
+            print(f"[kwal cn spark] batch {batch_id}: {self.batch_timings} (all: {self.timings})",
+                  file=sys.stderr, flush=True)
 
     def _apply_table(
         self,
@@ -283,6 +294,7 @@ class BatchWriter:
             tp.pending, tp.pending_columns, tp.pending_ts = [], [], (0, 0)
             changed += _absorb(tp, _read_local(rdir, _STAT_COLS))
         self._lap("redecode")
+        tp.delta_changes += changed
         self._to_delta(spark, batch_id, tp, watermark(), drained=stats.num_rows == 0)
         self._lap("delta")
 
@@ -306,35 +318,46 @@ class BatchWriter:
         for number, inc in enumerate(tp.incarnations):
             if inc.create_ts < tp.delta_create_ts:
                 continue  # an earlier incarnation, ended in Delta already
-            if not inc.drop_ts and watermark < inc.create_ts:
-                break  # nothing of it decoded yet: a version now would claim the old rows' ts
+            # a dropped incarnation ends once its topic is past the drop (it is in commit
+            # order) or drained (a batch brought nothing from it): the source shares a batch
+            # among lagging topics, so its last rows may come after the catalog's drop;
+            # until then its versions claim only as far as its own topic
+            ended = bool(inc.drop_ts) and (drained or tp.watermark >= inc.drop_ts)
+            if ended:
+                mark = inc.drop_ts - 1
+            elif inc.drop_ts:
+                mark = min(tp.watermark, inc.drop_ts - 1)
+            else:
+                mark = watermark
+            if mark < inc.create_ts and not ended:
+                # nothing of it decoded yet (its topic lags the catalog): a version now would
+                # claim a ts before the incarnation existed, where the TN has the previous
+                # incarnation's rows (or no table). This held for live incarnations only, so a
+                # re-created one dropped again while its topic lagged got such a version.
+                break
             cols = union_columns(s for _, s in inc.schemas)
             path = incarnation_path(self.delta_output, tp.name, number, inc.table_id)
             keep = [OP, ROW_ID, COMMIT_TS, *(c.name for c in cols)]
-            if dirs:
+            if dirs and tp.delta_changes:
                 live = F.col(COMMIT_TS) >= inc.create_ts
                 if inc.drop_ts:
                     live = live & (F.col(COMMIT_TS) < inc.drop_ts)
                 changes = changes_frame(spark, self.output, dirs, cols).filter(live).select(*keep)
             else:
                 changes = spark.createDataFrame([], change_ddl(cols)).select(*keep)
-            # a dropped incarnation ends once its topic is past the drop (it is in commit
-            # order) or drained (a batch brought nothing from it): the source shares a batch
-            # among lagging topics, so its last rows may come after the catalog's drop;
-            # until then its versions claim only as far as its own topic
-            ended = bool(inc.drop_ts) and (drained or tp.watermark >= inc.drop_ts)
-            mark = min(tp.watermark, inc.drop_ts - 1) if inc.drop_ts and not ended else (
-                inc.drop_ts - 1 if inc.drop_ts else watermark
+            merge_batch(
+                spark, path, changes, self.app_id, batch_id, mark, self.txns,
+                has_changes=tp.delta_changes > 0,
             )
-            merge_batch(spark, path, changes, self.app_id, batch_id, mark)
             if ended:
-                mark_dropped(spark, path, batch_id, inc.drop_ts)
+                mark_dropped(spark, path, batch_id, inc.drop_ts, self.app_id, self.txns)
                 if not unfinished:
                     tp.delta_create_ts = inc.create_ts + 1
             else:
                 unfinished = True
         tp.delta_batch = batch_id
         tp.delta_watermark = watermark
+        tp.delta_changes = 0
 
 
 _STAT_COLS = [OP, COMMIT_TS, META]

@@ -17,10 +17,12 @@ so downstream jobs can stream the table's changes (`table_changes`, `readChangeF
    the same commit as the data, and skips a write whose version is at or below the one it
    recorded for the app id. A batch replayed after a crash is therefore a no-op, and the
    data and the job's progress commit atomically (no separate progress file);
-3. the commit's `userMetadata` is `{"kwal_watermark": ts, "kwal_batch": id}`: the ts up to
+3. the commit's `userMetadata` is `{"kwal_watermark": ts, "kwal_batch": id, "kwal_app":
+   app id}`: the ts up to
    which the version reflects the TN (`consumers.spark.delta_reader` reads it for time
    travel by commit ts). A batch with no change for the table still commits (an empty
-   MERGE) when the watermark moved, so an idle table's watermark advances.
+   append, see `merge_batch`) when the watermark moved, so an idle table's watermark
+   advances.
 
 Schema evolution (ALTER TABLE ADD COLUMN) uses Delta's automatic schema merge for MERGE
 (`spark.databricks.delta.schema.autoMerge.enabled`, set per statement). A dropped table ends
@@ -43,6 +45,7 @@ OP = "__op"
 INSERT, DELETE = "I", "D"
 WATERMARK_KEY = "kwal_watermark"
 BATCH_KEY = "kwal_batch"
+APP_KEY = "kwal_app"
 DROPPED_PROPERTY = "kwal.dropped_ts"
 
 _TXN_APP = "spark.databricks.delta.write.txnAppId"
@@ -88,19 +91,26 @@ def net_changes(changes: Any) -> Any:
     )
 
 
-def _ensure_table(spark: Any, path: str, columns: Any) -> None:
-    """Create the Delta table at `path` (empty, CDF on) when none is there."""
-    from delta.tables import DeltaTable
+class OutputOwnerError(ValueError):
+    """A Delta table's last kwal commit was written by another job (another `txnAppId`)."""
 
-    if DeltaTable.isDeltaTable(spark, path):
-        return
-    empty = spark.createDataFrame([], columns.schema)
-    (
-        empty.write.format("delta")
-        .option("delta.enableChangeDataFeed", "true")
-        .mode("errorifexists")
-        .save(path)
-    )
+
+class TxnCache:
+    """path -> the last micro-batch id this job committed there (-1: none; absent: not read
+    yet), read once per process (from the table's newest commit; -1 without reading when
+    there is no table) and kept up to date by the job's own commits. Last round every MERGE
+    read the history first (a Spark job over the log each time)."""
+
+    def __init__(self) -> None:
+        self.last: dict[str, int] = {}
+
+    def last_batch(self, spark: Any, path: str, app_id: str) -> int:
+        from delta.tables import DeltaTable
+
+        if path not in self.last:
+            exists = DeltaTable.isDeltaTable(spark, path)
+            self.last[path] = _last_txn_version(spark, path, app_id) if exists else -1
+        return self.last[path]
 
 
 def merge_batch(
@@ -110,23 +120,45 @@ def merge_batch(
     app_id: str,
     batch_id: int,
     watermark: int,
+    cache: TxnCache | None = None,
+    has_changes: bool = True,
 ) -> bool:
     """Apply one micro-batch's `changes` of one table to the Delta table at `path` (steps in
     the module docstring). Returns False when Delta skipped it (this batch id was committed
-    already for `app_id`)."""
+    already for `app_id`).
+
+    Cheaper forms of the same commit (same options, same userMetadata): the first batch of a
+    table creates it with a plain write of its inserts (a new incarnation has no row a
+    delete could match: its deletes met their inserts in the same batch); `has_changes`
+    False (the caller knows the batch brought no insert or delete for the table) only moves
+    the watermark, with an empty append (no MERGE: no join, no scan of the table)."""
     from delta.tables import DeltaTable
     from pyspark.sql import functions as F
 
-    net = net_changes(changes)
-    user_cols = [c for c in net.columns if c != OP]
-    _ensure_table(spark, path, net.select(*user_cols))
-    before = _last_txn_version(spark, path, app_id)
-    if before is not None and before >= batch_id:
+    cache = cache or TxnCache()
+    last = cache.last_batch(spark, path, app_id)
+    if last >= batch_id:
         return False
+    net = net_changes(changes) if has_changes else changes.filter(F.lit(False))
+    user_cols = [c for c in net.columns if c != OP]
+    meta = json.dumps({WATERMARK_KEY: int(watermark), BATCH_KEY: int(batch_id), APP_KEY: app_id})
+    creating = last < 0 and not DeltaTable.isDeltaTable(spark, path)
+    if creating or not has_changes:
+        rows = net.filter(F.col(OP) == INSERT).select(*user_cols)
+        writer = (
+            rows.write.format("delta").mode("append")
+            .option("txnAppId", app_id).option("txnVersion", batch_id)
+            .option("userMetadata", meta).option("mergeSchema", "true")
+        )
+        if creating:
+            writer = writer.option("delta.enableChangeDataFeed", "true")
+        writer.save(path)
+        cache.last[path] = batch_id
+        return True
     conf = {
         _TXN_APP: app_id,
         _TXN_VERSION: str(batch_id),
-        _USER_METADATA: json.dumps({WATERMARK_KEY: int(watermark), BATCH_KEY: int(batch_id)}),
+        _USER_METADATA: meta,
         _AUTO_MERGE: "true",
     }
     with _session_conf(spark, conf):
@@ -141,10 +173,13 @@ def merge_batch(
             )
             .execute()
         )
+    cache.last[path] = batch_id
     return True
 
 
-def mark_dropped(spark: Any, path: str, batch_id: int, drop_ts: int) -> bool:
+def mark_dropped(
+    spark: Any, path: str, batch_id: int, drop_ts: int, app_id: str = "", cache: TxnCache | None = None
+) -> bool:
     """End the table at `path`: a last version with the property `kwal.dropped_ts` (its
     userMetadata carries the drop ts as the watermark). Idempotent by the property itself:
     a replayed batch finds it set and writes nothing (False). Its userMetadata has the batch id
@@ -156,22 +191,35 @@ and the drop ts but no watermark."""
     if DROPPED_PROPERTY in props:
         return False
     # no kwal_watermark: the TN has no such table at the drop ts (read_as_of refuses it)
-    conf = {_USER_METADATA: json.dumps({"kwal_dropped_ts": int(drop_ts), BATCH_KEY: int(batch_id)})}
+    meta: dict[str, Any] = {"kwal_dropped_ts": int(drop_ts), BATCH_KEY: int(batch_id)}
+    if app_id:
+        meta[APP_KEY] = app_id
+    conf = {_USER_METADATA: json.dumps(meta)}
     with _session_conf(spark, conf):
         spark.sql(
             f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ('{DROPPED_PROPERTY}' = '{int(drop_ts)}')"
         )
+    if cache is not None:
+        cache.last[path] = batch_id
     return True
 
 
-def _last_txn_version(spark: Any, path: str, app_id: str) -> int | None:
-    """The last micro-batch id Delta recorded for `app_id` at `path` (its SetTransaction
-    action), or None. Read from the commit history's userMetadata, which the same commit
-    wrote: the newest version carrying a kwal batch id is the last committed batch."""
+def _last_txn_version(spark: Any, path: str, app_id: str) -> int:
+    """The last micro-batch id committed to `path` (-1: none yet), read from the newest
+    commit's userMetadata, which the same commit as the data wrote (with the SetTransaction
+    of `txnAppId`/`txnVersion`). Refuses a table whose newest kwal commit names another app
+    id: a job whose batch ids restart at 0 on it would have every MERGE skipped
+    (OutputOwnerError)."""
     for meta in _history_metadata(spark, path, limit=1):
         if BATCH_KEY in meta:
+            owner = meta.get(APP_KEY, app_id)
+            if owner != app_id:
+                raise OutputOwnerError(
+                    f"{path}: written by another job (txnAppId {owner}, up to its batch "
+                    f"{meta[BATCH_KEY]}), not this one ({app_id})"
+                )
             return int(meta[BATCH_KEY])
-    return None
+    return -1
 
 
 def _history_metadata(spark: Any, path: str, limit: int | None = None) -> list[dict[str, Any]]:

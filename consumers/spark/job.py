@@ -84,7 +84,7 @@ from consumers.spark.progress import (
 )
 from consumers.spark.reader import watermark
 from consumers.spark.resume import discard_output, lost_positions, resume_positions
-from consumers.spark.session import DELTA_CONF, build_session, s3a_conf
+from consumers.spark.session import DELTA_CONF, DELTA_JOB_CONF, build_session, s3a_conf
 from infra.objectstore import ObjectStore
 from schemas.logtail import decode_logtail
 from schemas.wal import TableSchema
@@ -166,6 +166,7 @@ def start_query(
     ckpt = Path(checkpoint or Path(output) / "_checkpoint")
     names = _topic_names(catalog_topic, table_topics)
     prog = load_progress(output)
+    check_continuation(spark, delta_output, output, ckpt, list(table_topics), prog)
     if prog is not None:
         lost = lost_records(bootstrap, output, ckpt, table_topics, catalog_topic, options)
         if lost and (store is None or from_checkpoint == "never"):
@@ -178,6 +179,8 @@ def start_query(
             log.warning("Spark CN %s: %s; starting again from the newest checkpoint", output,
                         _lost_where(lost, names))
             discard_output(output, ckpt, sorted(set(prog.tables) | set(table_topics)))
+            if delta_output.startswith("s3a://"):  # discard_output removes local ones only
+                _delete_delta(spark, delta_output, sorted(set(prog.tables) | set(table_topics)))
             prog = None
     if prog is None:
         lows = low_watermarks(bootstrap, topics, options)
@@ -252,6 +255,66 @@ def check_output(delta_output: str, work: str, tables: Sequence[str]) -> None:
             "tables are Delta tables now): point the job at a new --output, or delete this one "
             "to rebuild it from the topics"
         )
+
+
+def check_continuation(
+    spark: Any, delta_output: str, work: Path, ckpt: Path, tables: Sequence[str],
+    prog: Progress | None,
+) -> None:
+    """Refuse a start that would skip micro-batches silently. The Delta tables hold each
+    batch id the job committed (txnVersion) and the job skips a batch id at or below it,
+    so the batch ids must continue where the tables' left off:
+
+    - no progress in the work directory (a new job, or a new --work-dir) but Delta tables
+      of these tables under the output: the new job's batch ids restart at 0 and its
+      history would be replayed over the tables' newer state;
+    - progress at batch N but no offsets in Spark's checkpointLocation (deleted, or a new
+      --checkpoint): the query restarts at batch 0 and batches 0..N would be skipped."""
+    from consumers.spark.delta_reader import incarnation_paths
+
+    if prog is None:
+        found = _existing_delta(spark, delta_output, tables, incarnation_paths)
+        if found:
+            raise ValueError(
+                f"{found[0]}: a Delta table of another job (this job's work directory {work} "
+                "has no progress): point the job at a new --output, or at that job's "
+                "--work-dir to continue it"
+            )
+    elif prog.batch_id >= 0 and not any(p.name.isdigit() for p in _entries(ckpt / "offsets")):
+        raise ValueError(
+            f"{work}: the job committed up to micro-batch {prog.batch_id} but Spark's "
+            f"checkpoint {ckpt} has no offsets: give it its --checkpoint, or start a new "
+            "--output and --work-dir"
+        )
+
+
+def _delete_delta(spark: Any, delta_output: str, tables: Sequence[str]) -> None:
+    """Remove the Delta tables of `tables` (every incarnation) under an s3a:// output."""
+    from consumers.spark.delta_reader import incarnation_paths
+
+    jvm = spark.sparkContext._jvm
+    conf = spark.sparkContext._jsc.hadoopConfiguration()
+    for path in _existing_delta(spark, delta_output, tables, incarnation_paths):
+        p = jvm.org.apache.hadoop.fs.Path(path)
+        p.getFileSystem(conf).delete(p, True)
+
+
+def _entries(d: Path) -> list[Path]:
+    return list(d.iterdir()) if d.is_dir() else []
+
+
+def _existing_delta(
+    spark: Any, delta_output: str, tables: Sequence[str], paths: Any
+) -> list[str]:
+    from consumers.core.exceptions import TableNotFoundError
+
+    found: list[str] = []
+    for t in tables:
+        try:
+            found.extend(paths(spark, delta_output, t))
+        except TableNotFoundError:
+            return []  # no output there yet
+    return found
 
 
 def _parallelism(spark: Any) -> int:
@@ -389,7 +452,7 @@ def run(args: Any, cfg: Any) -> int:
     except ValueError as e:
         print(f"kwal cn spark: {e}", file=sys.stderr)
         return 2
-    conf = dict(DELTA_CONF)
+    conf = {**DELTA_CONF, **DELTA_JOB_CONF}
     if delta_output.startswith("s3a://"):
         conf.update(s3a_conf(cfg.objectstore))
     spark = build_session(master=getattr(args, "master", None), jars=delta_jars(), conf=conf)
@@ -424,6 +487,9 @@ def run(args: Any, cfg: Any) -> int:
         except (TruncatedLogtailError, BootstrapError) as e:
             print(f"kwal cn spark: cannot start: {e}", file=sys.stderr)
             return 1
+        except ValueError as e:  # an output or checkpoint it cannot continue
+            print(f"kwal cn spark: cannot start: {e}", file=sys.stderr)
+            return 2
         prog = load_progress(output)
         if prog is not None and prog.horizon and prog.batch_id < 0:
             print(f"kwal cn spark: started from the checkpoint at ts {prog.horizon}",

@@ -90,6 +90,7 @@ class TableProgress:
     delta_batch: int | None = None
     delta_create_ts: int = 0
     delta_watermark: int = 0
+    delta_changes: int = 0  # inserts + deletes in the change log after delta_batch
 
     @property
     def current(self) -> Incarnation | None:
@@ -135,6 +136,7 @@ class TableProgress:
             "delta_batch": self.delta_batch,
             "delta_create_ts": self.delta_create_ts,
             "delta_watermark": self.delta_watermark,
+            "delta_changes": self.delta_changes,
         }
 
     @classmethod
@@ -159,6 +161,7 @@ class TableProgress:
             d.get("delta_batch"),
             int(d.get("delta_create_ts", 0)),
             int(d.get("delta_watermark", 0)),
+            int(d.get("delta_changes", 1)),  # unknown (older progress): assume some
         )
 
 

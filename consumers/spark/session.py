@@ -42,6 +42,21 @@ DELTA_CONF = {
 }
 
 
+# The job's Delta settings (consumers.spark.job.run). Its tables are small and written once
+# per micro-batch, so per-write overheads dominate:
+# - snapshotPartitions: the partitions a table's log is replayed into (default 50: 50 tasks
+#   per snapshot on a 2-core laptop);
+# - stats.collect: per-file column statistics are for data skipping on large scans; the job
+#   never scans by predicate, readers still get correct results without them;
+# - merge.materializeSource: MERGE caches its source unless told it is deterministic; the
+#   job's source is the change log's Parquet files, which a batch never rewrites.
+DELTA_JOB_CONF = {
+    "spark.databricks.delta.snapshotPartitions": "2",
+    "spark.databricks.delta.stats.collect": "false",
+    "spark.databricks.delta.merge.materializeSource": "none",
+}
+
+
 def s3a_conf(store: ObjectStoreConfig) -> dict[str, str]:
     """Hadoop S3A settings for `s3a://` paths from kwal's object store config (endpoint,
     region, credentials), as `spark.hadoop.*` session settings."""

@@ -25,6 +25,7 @@ from consumers.spark.delta_sink import (
     BATCH_KEY,
     DROPPED_PROPERTY,
     WATERMARK_KEY,
+    OutputOwnerError,
     _history_metadata,
     incarnation_path,
     mark_dropped,
@@ -32,8 +33,8 @@ from consumers.spark.delta_sink import (
     table_path,
     watermarks,
 )
-from consumers.spark.job import check_output
-from consumers.spark.progress import load_progress
+from consumers.spark.job import check_output, start_query
+from consumers.spark.progress import Progress, load_progress, write_progress
 from consumers.spark.session import configure_s3a
 from infra.config import KwalConfig, ObjectStoreConfig
 from infra.objectstore import FolderStore, S3Store
@@ -102,6 +103,10 @@ def test_delta_state_time_travel_and_replay(spark: Any, tmp_path: Any) -> None:
     again = spark.createDataFrame(changes, SCHEMA)
     assert not merge_batch(spark, path, again, "job-1", 1, watermark)
     assert watermarks(spark, path) == marks
+    # another job (its own app id, batch ids from 0) is refused, not skipped silently
+    with pytest.raises(OutputOwnerError, match=f"{path}: written by another job"):
+        merge_batch(spark, path, again, "job-2", 0, watermark)
+    assert watermarks(spark, path) == marks
 
     for version, ts in marks:
         plain = spark.read.format("delta").option("versionAsOf", version).load(path)
@@ -118,10 +123,16 @@ def test_delta_state_time_travel_and_replay(spark: Any, tmp_path: Any) -> None:
         [("insert", 1), ("insert", 2), ("insert", 3), ("delete", 1), ("insert", 4), ("insert", 6)]
     )
 
-    assert mark_dropped(spark, path, 3, drop_ts=16)
-    assert not mark_dropped(spark, path, 3, drop_ts=16)  # replayed: already ended
+    # a batch with no change for the table: a version that only moves the watermark
+    assert merge_batch(spark, path, spark.createDataFrame([], SCHEMA), "job-1", 3, 16,
+                       has_changes=False)
+    assert [w for _, w in watermarks(spark, path)] == [w for _, w in BATCHES] + [16]
+    assert _spark_rows(read_as_of(spark, path, 16)) == _model(16)
+
+    assert mark_dropped(spark, path, 4, drop_ts=17)
+    assert not mark_dropped(spark, path, 4, drop_ts=17)  # replayed: already ended
     props = deltalake.DeltaTable(path).metadata().configuration
-    assert props[DROPPED_PROPERTY] == "16"
+    assert props[DROPPED_PROPERTY] == "17"
 
 
 def test_delta_on_s3a(spark: Any, s3_config: ObjectStoreConfig, s3_store: S3Store) -> None:
@@ -148,14 +159,23 @@ def test_delta_on_s3a(spark: Any, s3_config: ObjectStoreConfig, s3_store: S3Stor
 # -- the job ---------------------------------------------------------------------------
 
 
-def _job(cfg: KwalConfig, output: Path, trigger: str, *extra: str) -> subprocess.Popen[str]:
-    """`spark-submit consumers/spark/job.py`'s entry point in a process of its own."""
-    env = {**os.environ, **cfg.to_env(), "KWAL_CONFIG": os.devnull}
+def _job(
+    cfg: KwalConfig, output: Path, log: Path, trigger: str, *extra: str
+) -> subprocess.Popen[str]:
+    """`spark-submit consumers/spark/job.py`'s entry point in a process of its own, its
+    stderr (Spark's log, the job's per-batch timings) appended to `log`: a pipe nobody reads
+    while the job runs fills up and stalls it."""
+    env = {**os.environ, **cfg.to_env(), "KWAL_CONFIG": os.devnull, "KWAL_SPARK_TIMINGS": "1"}
     argv = [
         sys.executable, "-m", "consumers.spark.job", "--tables", ",".join(JOB_TABLES),
         "--output", str(output), "--trigger", trigger, "--from-checkpoint", "never", *extra,
     ]
-    return subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    with open(log, "a") as err:
+        return subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=err, text=True)
+
+
+def _tail(log: Path, lines: int = 40) -> str:
+    return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
 
 
 def _committed_batch(output: Path) -> int:
@@ -194,11 +214,12 @@ def test_job_killed_mid_stream_and_restarted_writes_each_row_once(
     try:
         random_steps(tn, rng, 15, stamps)
         assert tn.logtail.publisher.flush(30), tn.logtail.publisher.errors
-        job = _job(cfg, output, "200 milliseconds", "--max-records-per-trigger", "40")
+        log = tmp_path / "job.log"
+        job = _job(cfg, output, log, "200 milliseconds", "--max-records-per-trigger", "40")
         deadline = time.monotonic() + TIMEOUT_S
         while _committed_batch(output) < 1:  # under way: more load while it runs
-            assert job.poll() is None, job.stderr.read() if job.stderr else ""
-            assert time.monotonic() < deadline, "the job committed no batch"
+            assert job.poll() is None, _tail(log)
+            assert time.monotonic() < deadline, f"the job committed no batch: {_tail(log)}"
             if len(stamps) < 60:
                 random_steps(tn, rng, 2, stamps)
             else:  # enough load: poll the job's progress (the wait ends early if it dies)
@@ -217,9 +238,9 @@ def test_job_killed_mid_stream_and_restarted_writes_each_row_once(
         final = tn.engine.heartbeat().result(10)
         assert tn.logtail.publisher.flush(30), tn.logtail.publisher.errors
 
-        job = _job(cfg, output, "available-now", "--timeout", str(TIMEOUT_S))
-        _, err = job.communicate(timeout=TIMEOUT_S + 60)
-        assert job.returncode == 0, err
+        job = _job(cfg, output, log, "available-now", "--timeout", str(TIMEOUT_S))
+        job.wait(timeout=TIMEOUT_S + 60)
+        assert job.returncode == 0, _tail(log)
         prog = load_progress(output)
         assert prog is not None and prog.batch_id > killed_at
 
@@ -274,3 +295,22 @@ def test_an_output_in_the_old_layout_is_refused_by_name(tmp_path: Path) -> None:
     check_output(str(tmp_path), str(tmp_path), ["db.b"])  # another table: nothing in the old layout
     with pytest.raises(ValueError, match="s3a://b/p: an s3a:// output needs a local --work-dir"):
         check_output("s3a://b/p", "s3a://b/p", ["db.a"])
+
+
+def test_a_job_that_would_restart_its_batch_ids_is_refused(spark: Any, tmp_path: Path) -> None:
+    """The Delta tables skip a batch id at or below the last one committed: a job whose batch
+    ids would restart at 0 is refused with an error naming why, before it reads a record
+    (no broker at the address): a new work directory next to an existing output's tables,
+    and progress whose Spark checkpoint is gone."""
+    output, work = tmp_path / "out", tmp_path / "work"
+    _write_all(spark, table_path(str(output), "db.a"))
+
+    def start(work_dir: Path) -> None:
+        start_query(spark, "127.0.0.1:9", "cat", {"db.a": "t.a", "db.b": "t.b"}, str(output),
+                    work_dir=work_dir, from_checkpoint="never")
+
+    with pytest.raises(ValueError, match=rf"{output}/db.a: a Delta table of another job"):
+        start(work)
+    write_progress(work, Progress(batch_id=4, catalog_topic="cat"))
+    with pytest.raises(ValueError, match=r"committed up to micro-batch 4 but Spark's checkpoint"):
+        start(work)
