@@ -262,7 +262,7 @@ class BatchWriter:
     ) -> None:
         from pyspark.sql import functions as F
 
-        changed = 0
+        changed = deletes = 0
         if stats.num_rows:
             rel = f"{CHANGES}/batch={batch_id}/{TABLE}={tp.index}"
             tp.change_dirs.append([batch_id, rel, wide_name(tp.index, "")])
@@ -270,11 +270,13 @@ class BatchWriter:
                 _hold(tp, batch_id, stats)  # no create_table or alter seen yet: decode later
             large = new_large_blocks(tp, stats)
             changed += _absorb(tp, stats)
+            deletes = int(pc.sum(pc.equal(stats.column(OP), DELETE)).as_py() or 0)
             done = write_large_blocks(self.store, self.output, tp, batch_id, large)
             if done is not None:
                 tp.change_dirs.append([batch_id, done[0], ""])
                 tp.change_rows += done[1]
                 changed += done[1]
+                deletes += done[1]  # not counted by kind: assume deletes
         if tp.pending and _decodable(tp, catalog_watermark):
             paths = [
                 str(Path(self.output) / CHANGES / f"batch={b}" / f"{TABLE}={tp.index}")
@@ -292,9 +294,12 @@ class BatchWriter:
             )
             tp.change_dirs.append([batch_id, str(rdir.relative_to(self.output)), ""])
             tp.pending, tp.pending_columns, tp.pending_ts = [], [], (0, 0)
-            changed += _absorb(tp, _read_local(rdir, _STAT_COLS))
+            redecoded = _read_local(rdir, _STAT_COLS)
+            changed += _absorb(tp, redecoded)
+            deletes += int(pc.sum(pc.equal(redecoded.column(OP), DELETE)).as_py() or 0)
         self._lap("redecode")
         tp.delta_changes += changed
+        tp.delta_deletes += deletes
         self._to_delta(spark, batch_id, tp, watermark(), drained=stats.num_rows == 0)
         self._lap("delta")
 
@@ -319,10 +324,14 @@ class BatchWriter:
             if inc.create_ts < tp.delta_create_ts:
                 continue  # an earlier incarnation, ended in Delta already
             # a dropped incarnation ends once its topic is past the drop (it is in commit
-            # order) or drained (a batch brought nothing from it): the source shares a batch
-            # among lagging topics, so its last rows may come after the catalog's drop;
-            # until then its versions claim only as far as its own topic
-            ended = bool(inc.drop_ts) and (drained or tp.watermark >= inc.drop_ts)
+            # order), or, for the last incarnation (no later one will move the topic past
+            # the drop), once drained (a batch brought nothing from it): the source shares
+            # a batch among lagging topics, so its last rows may come after the catalog's
+            # drop; until then its versions claim only as far as its own topic. ("Drained"
+            # is not proof: a rate-limited batch can give a small backlog no record; for a
+            # re-created table the next incarnation's records and heartbeats are.)
+            last = number == len(tp.incarnations) - 1
+            ended = bool(inc.drop_ts) and (tp.watermark >= inc.drop_ts or (drained and last))
             if ended:
                 mark = inc.drop_ts - 1
             elif inc.drop_ts:
@@ -347,7 +356,7 @@ class BatchWriter:
                 changes = spark.createDataFrame([], change_ddl(cols)).select(*keep)
             merge_batch(
                 spark, path, changes, self.app_id, batch_id, mark, self.txns,
-                has_changes=tp.delta_changes > 0,
+                has_changes=tp.delta_changes > 0, has_deletes=tp.delta_deletes > 0,
             )
             if ended:
                 mark_dropped(spark, path, batch_id, inc.drop_ts, self.app_id, self.txns)
@@ -357,7 +366,7 @@ class BatchWriter:
                 unfinished = True
         tp.delta_batch = batch_id
         tp.delta_watermark = watermark
-        tp.delta_changes = 0
+        tp.delta_changes = tp.delta_deletes = 0
 
 
 _STAT_COLS = [OP, COMMIT_TS, META]

@@ -122,6 +122,7 @@ def merge_batch(
     watermark: int,
     cache: TxnCache | None = None,
     has_changes: bool = True,
+    has_deletes: bool = True,
 ) -> bool:
     """Apply one micro-batch's `changes` of one table to the Delta table at `path` (steps in
     the module docstring). Returns False when Delta skipped it (this batch id was committed
@@ -131,7 +132,9 @@ def merge_batch(
     table creates it with a plain write of its inserts (a new incarnation has no row a
     delete could match: its deletes met their inserts in the same batch); `has_changes`
     False (the caller knows the batch brought no insert or delete for the table) only moves
-    the watermark, with an empty append (no MERGE: no join, no scan of the table)."""
+    the watermark, with an empty append (no MERGE: no join, no scan of the table);
+    `has_deletes` False: an insert-only MERGE (Delta runs it as one anti-join and an append,
+    rewriting no file; the anti-join still drops a row the TN re-delivered)."""
     from delta.tables import DeltaTable
     from pyspark.sql import functions as F
 
@@ -162,17 +165,15 @@ def merge_batch(
         _AUTO_MERGE: "true",
     }
     with _session_conf(spark, conf):
-        target = DeltaTable.forPath(spark, path)
-        (
-            target.alias("t")
-            .merge(net.alias("s"), f"t.{ROW_ID} = s.{ROW_ID}")
-            .whenMatchedDelete(condition=F.col(f"s.{OP}") == DELETE)
-            .whenNotMatchedInsert(
-                condition=F.col(f"s.{OP}") == INSERT,
-                values={c: F.col(f"s.`{c}`") for c in user_cols},
-            )
-            .execute()
+        merge = DeltaTable.forPath(spark, path).alias("t").merge(
+            net.alias("s"), f"t.{ROW_ID} = s.{ROW_ID}"
         )
+        if has_deletes:
+            merge = merge.whenMatchedDelete(condition=F.col(f"s.{OP}") == DELETE)
+        merge.whenNotMatchedInsert(
+            condition=F.col(f"s.{OP}") == INSERT,
+            values={c: F.col(f"s.`{c}`") for c in user_cols},
+        ).execute()
     cache.last[path] = batch_id
     return True
 

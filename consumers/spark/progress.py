@@ -91,6 +91,7 @@ class TableProgress:
     delta_create_ts: int = 0
     delta_watermark: int = 0
     delta_changes: int = 0  # inserts + deletes in the change log after delta_batch
+    delta_deletes: int = 0  # of which deletes
 
     @property
     def current(self) -> Incarnation | None:
@@ -137,6 +138,7 @@ class TableProgress:
             "delta_create_ts": self.delta_create_ts,
             "delta_watermark": self.delta_watermark,
             "delta_changes": self.delta_changes,
+            "delta_deletes": self.delta_deletes,
         }
 
     @classmethod
@@ -162,6 +164,7 @@ class TableProgress:
             int(d.get("delta_create_ts", 0)),
             int(d.get("delta_watermark", 0)),
             int(d.get("delta_changes", 1)),  # unknown (older progress): assume some
+            int(d.get("delta_deletes", 1)),
         )
 
 

@@ -314,3 +314,37 @@ def test_a_job_that_would_restart_its_batch_ids_is_refused(spark: Any, tmp_path:
     write_progress(work, Progress(batch_id=4, catalog_topic="cat"))
     with pytest.raises(ValueError, match=r"committed up to micro-batch 4 but Spark's checkpoint"):
         start(work)
+
+
+def test_an_incarnation_gets_no_version_before_its_topic_reaches_it(
+    spark: Any, tmp_path: Path
+) -> None:
+    """db.b created at 10, dropped and created again at 20, that one dropped and created again
+    at 30 (the catalog topic is there), while b's own topic is only at 15: the first
+    incarnation gets a version at 15, the second none yet (at 15 the TN has the first one's
+    rows: a version of the second claiming 15 was the kill test's failure), and once the
+    topic is past both drops each ends at the ts before its drop and the third starts."""
+    from consumers.spark.batch_writer import BatchWriter
+    from consumers.spark.progress import Incarnation, TableProgress
+    from schemas.wal import ColumnDef, ColumnType, TableSchema
+
+    schema = TableSchema((ColumnDef(1, "id", ColumnType.INT64), ColumnDef(2, "v", ColumnType.STRING)), "id")
+    out = str(tmp_path / "out")
+    writer = BatchWriter(tmp_path / "work", "cat", {"db.b": "t.b"}, delta_output=out)
+    tp = TableProgress("db.b", "t.b", watermark=15, incarnations=[
+        Incarnation(10, 1, 20, [(10, schema)]),
+        Incarnation(20, 2, 30, [(20, schema)]),
+        Incarnation(30, 3, 0, [(30, schema)]),
+    ])
+    paths = [incarnation_path(out, "db.b", n, i.table_id) for n, i in enumerate(tp.incarnations)]
+    writer._to_delta(spark, 0, tp, 15, drained=False)
+    assert [w for _, w in watermarks(spark, paths[0])] == [15]
+    assert not Path(paths[1]).exists() and not Path(paths[2]).exists()
+
+    tp.watermark = 35
+    writer._to_delta(spark, 1, tp, 35, drained=False)
+    assert [w for _, w in watermarks(spark, paths[0])] == [15, 19]
+    assert [w for _, w in watermarks(spark, paths[1])] == [29]
+    assert [w for _, w in watermarks(spark, paths[2])] == [35]
+    for path, dropped in zip(paths, ("20", "30", None), strict=True):
+        assert deltalake.DeltaTable(path).metadata().configuration.get(DROPPED_PROPERTY) == dropped
