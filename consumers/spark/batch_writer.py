@@ -300,6 +300,8 @@ class BatchWriter:
         self._lap("redecode")
         tp.delta_changes += changed
         tp.delta_deletes += deletes
+        if changed:  # an upper bound of their commit ts (rows are in commit order)
+            tp.delta_change_ts = max(tp.delta_change_ts, tp.watermark)
         self._to_delta(spark, batch_id, tp, watermark(), drained=stats.num_rows == 0)
         self._lap("delta")
 
@@ -320,6 +322,7 @@ class BatchWriter:
         if not dirs and watermark <= tp.delta_watermark:
             return  # nothing new: no version (an idle table's heartbeats move it)
         unfinished = False  # an earlier incarnation still open: delta_create_ts stays
+        done = tp.delta_ts  # every row with commit ts <= this is in Delta
         for number, inc in enumerate(tp.incarnations):
             if inc.create_ts < tp.delta_create_ts:
                 continue  # an earlier incarnation, ended in Delta already
@@ -348,7 +351,15 @@ class BatchWriter:
             path = incarnation_path(self.delta_output, tp.name, number, inc.table_id)
             keep = [OP, ROW_ID, COMMIT_TS, *(c.name for c in cols)]
             if dirs and tp.delta_changes:
-                live = F.col(COMMIT_TS) >= inc.create_ts
+                # the incarnation's rows not in Delta yet, up to the ts the version claims:
+                # the catalog topic can lag the table's (a rate-limited batch), and a version
+                # holding rows past its watermark is not the TN's snapshot there (the kill
+                # test saw it); rows above it stay in the change log for a later version
+                live = (
+                    (F.col(COMMIT_TS) >= inc.create_ts)
+                    & (F.col(COMMIT_TS) > tp.delta_ts)
+                    & (F.col(COMMIT_TS) <= mark)
+                )
                 if inc.drop_ts:
                     live = live & (F.col(COMMIT_TS) < inc.drop_ts)
                 changes = changes_frame(spark, self.output, dirs, cols).filter(live).select(*keep)
@@ -358,15 +369,18 @@ class BatchWriter:
                 spark, path, changes, self.app_id, batch_id, mark, self.txns,
                 has_changes=tp.delta_changes > 0, has_deletes=tp.delta_deletes > 0,
             )
+            done = max(done, mark)
             if ended:
                 mark_dropped(spark, path, batch_id, inc.drop_ts, self.app_id, self.txns)
                 if not unfinished:
                     tp.delta_create_ts = inc.create_ts + 1
             else:
                 unfinished = True
-        tp.delta_batch = batch_id
+        tp.delta_ts = done
         tp.delta_watermark = watermark
-        tp.delta_changes = tp.delta_deletes = 0
+        if tp.delta_change_ts <= done:  # every change decoded so far is in Delta
+            tp.delta_batch = batch_id
+            tp.delta_changes = tp.delta_deletes = 0
 
 
 _STAT_COLS = [OP, COMMIT_TS, META]

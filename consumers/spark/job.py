@@ -148,6 +148,8 @@ def start_query(
 
     delta_output = str(output)
     work = str(work_dir or delta_output)
+    for key, value in DELTA_JOB_CONF.items():  # SQL confs: a running session takes them
+        spark.conf.set(key, value)
     check_output(delta_output, work, list(table_topics))
     output = Path(work)
     if from_checkpoint not in FROM_CHECKPOINT:

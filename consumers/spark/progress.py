@@ -92,6 +92,8 @@ class TableProgress:
     delta_watermark: int = 0
     delta_changes: int = 0  # inserts + deletes in the change log after delta_batch
     delta_deletes: int = 0  # of which deletes
+    delta_ts: int = 0  # every change with commit ts <= this is in Delta
+    delta_change_ts: int = 0  # no decoded change has a commit ts above this
 
     @property
     def current(self) -> Incarnation | None:
@@ -139,6 +141,8 @@ class TableProgress:
             "delta_watermark": self.delta_watermark,
             "delta_changes": self.delta_changes,
             "delta_deletes": self.delta_deletes,
+            "delta_ts": self.delta_ts,
+            "delta_change_ts": self.delta_change_ts,
         }
 
     @classmethod
@@ -165,6 +169,8 @@ class TableProgress:
             int(d.get("delta_watermark", 0)),
             int(d.get("delta_changes", 1)),  # unknown (older progress): assume some
             int(d.get("delta_deletes", 1)),
+            int(d.get("delta_ts", 0)),
+            int(d.get("delta_change_ts", 0)),
         )
 
 

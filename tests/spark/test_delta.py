@@ -202,9 +202,9 @@ def test_job_killed_mid_stream_and_restarted_writes_each_row_once(
 ) -> None:
     """The job process follows a TN under load (DML, drop and re-create of db.b, added
     columns) into Delta, is killed with SIGKILL between or inside micro-batches, and
-    restarted: every Delta version kwal stamped, read by plain Spark, equals the TN at the
-    version's watermark (no row lost, none twice), and no batch id commits twice to a
-    table (the replayed batch wrote nothing)."""
+    restarted: every Delta version kwal stamped, read by plain Spark and by delta-rs, equals
+    the TN at the version's watermark (no row lost, none twice), and no batch id commits
+    twice to a table (the replayed batch wrote nothing)."""
     cfg = kwal_config
     tn = start_tn(cfg, FolderStore(tmp_path / "objects"))
     output = tmp_path / "out"
@@ -264,6 +264,9 @@ def test_job_killed_mid_stream_and_restarted_writes_each_row_once(
                     assert len({r["__row_id"] for r in rows}) == len(rows), (path, version)
                     cols = list(want[0]) if want else [c for c in df.columns if not c.startswith("__")]
                     assert _user_rows(rows, cols) == want, (path, version, ts)
+                    # an independent reader (delta-rs) agrees
+                    rs = deltalake.DeltaTable(path, version=version).to_pyarrow_table().to_pylist()
+                    assert _user_rows(rs, cols) == want, ("delta-rs", path, version, ts)
                     checked += 1
         assert len(prog.tables["db.b"].incarnations) >= 2  # the drop and re-create happened
         assert watermarks(spark, table_path(str(output), "db.a"))[-1][1] >= final
