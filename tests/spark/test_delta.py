@@ -256,17 +256,22 @@ def test_job_killed_mid_stream_and_restarted_writes_each_row_once(
                 assert any(DROPPED_PROPERTY in m or "kwal_dropped_ts" in m for m in history) == bool(
                     inc.drop_ts
                 ), path
-                for version, ts in watermarks(spark, path):
+                marks = sorted((m["version"], int(m[WATERMARK_KEY])) for m in history if WATERMARK_KEY in m)
+                # every version by delta-rs (an independent reader, fast); by plain Spark
+                # the first, a middle and the newest (a Spark read of a version rebuilds its
+                # snapshot: seconds each on a loaded 2-core machine)
+                by_spark = {marks[0][0], marks[len(marks) // 2][0], marks[-1][0]} if marks else set()
+                for version, ts in marks:
                     table = name.split(".")[1]
                     want = tn_rows(tn, table, ts)
-                    df = spark.read.format("delta").option("versionAsOf", version).load(path)
-                    rows = df.toArrow().to_pylist()
+                    rs = deltalake.DeltaTable(path, version=version).to_pyarrow_table()
+                    rows = rs.to_pylist()
                     assert len({r["__row_id"] for r in rows}) == len(rows), (path, version)
-                    cols = list(want[0]) if want else [c for c in df.columns if not c.startswith("__")]
-                    assert _user_rows(rows, cols) == want, (path, version, ts)
-                    # an independent reader (delta-rs) agrees
-                    rs = deltalake.DeltaTable(path, version=version).to_pyarrow_table().to_pylist()
-                    assert _user_rows(rs, cols) == want, ("delta-rs", path, version, ts)
+                    cols = list(want[0]) if want else [c for c in rs.column_names if not c.startswith("__")]
+                    assert _user_rows(rows, cols) == want, ("delta-rs", path, version, ts)
+                    if version in by_spark:
+                        df = spark.read.format("delta").option("versionAsOf", version).load(path)
+                        assert _user_rows(df.toArrow().to_pylist(), cols) == want, (path, version, ts)
                     checked += 1
         assert len(prog.tables["db.b"].incarnations) >= 2  # the drop and re-create happened
         assert watermarks(spark, table_path(str(output), "db.a"))[-1][1] >= final
