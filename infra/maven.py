@@ -20,6 +20,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 COMPLETE = ".complete"
@@ -44,84 +45,76 @@ def resolved_dir(name: str) -> Path | None:
     return path if (path / COMPLETE).exists() else None
 
 
-def resolve_jars(pom: Path, name: str, timeout_s: float = 1200.0) -> Path:
-    """The directory holding every runtime jar `pom` names, resolving it on first use."""
+def _cached(pom: Path, name: str, verb: str, make: Callable[[Path, str], Path]) -> Path:
+    """The cache directory of component `name`, made on first use (the steps of the module
+    docstring): `make(tmp, mvn)` fills a fresh temporary directory `tmp` beside the final one
+    and returns the directory to rename into place (`tmp` or one inside it); `.complete` is
+    written into that last (holding the pom it came from). `verb` says what mvn does, in the error when it is missing."""
     done = resolved_dir(name)
     if done is not None:
         return done
     mvn = shutil.which("mvn")
     if mvn is None:
         raise MavenError(
-            f"Maven (`mvn`) is not on PATH: it is needed once to download {name} from Maven "
+            f"Maven (`mvn`) is not on PATH: it is needed once to {verb} {name} from Maven "
             "Central (apt install maven)"
         )
     root = cache_root()
     root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=root))
     try:
+        made = make(tmp, mvn)
+        (made / COMPLETE).write_text(pom.read_text())
+        final = root / name
+        try:
+            made.rename(final)
+        except OSError:
+            if resolved_dir(name) is None:  # not another process's finished copy: a real error
+                raise
+        return final
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _mvn(argv: list[str], name: str, pom: Path, verb: str, timeout_s: float) -> None:
+    try:
+        run = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, check=False)
+    except subprocess.TimeoutExpired as e:
+        raise MavenError(f"mvn did not {verb} {name} within {timeout_s:.0f}s") from e
+    if run.returncode != 0:
+        tail = "\n".join((run.stdout + run.stderr).splitlines()[-25:])
+        raise MavenError(f"mvn could not {verb} {name} from {pom} (exit {run.returncode}):\n{tail}")
+
+
+def resolve_jars(pom: Path, name: str, timeout_s: float = 1200.0) -> Path:
+    """The directory holding every runtime jar `pom` names, resolving it on first use."""
+
+    def make(tmp: Path, mvn: str) -> Path:
         argv = [
             mvn, "-B", "-q", "-f", str(pom), "dependency:copy-dependencies",
             "-DincludeScope=runtime", f"-DoutputDirectory={tmp}",
         ]
-        try:
-            run = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, check=False)
-        except subprocess.TimeoutExpired as e:
-            raise MavenError(f"mvn did not resolve {name} within {timeout_s:.0f}s") from e
-        if run.returncode != 0:
-            tail = "\n".join((run.stdout + run.stderr).splitlines()[-25:])
-            raise MavenError(f"mvn could not resolve {name} from {pom} (exit {run.returncode}):\n{tail}")
+        _mvn(argv, name, pom, "resolve", timeout_s)
         if not any(tmp.glob("*.jar")):
             raise MavenError(f"mvn resolved no jar for {name} from {pom}")
-        (tmp / COMPLETE).write_text(pom.read_text())
-        final = root / name
-        try:
-            tmp.rename(final)
-        except OSError:
-            if resolved_dir(name) is None:  # not another process's finished copy: a real error
-                raise
-        return final
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        return tmp
+
+    return _cached(pom, name, "download", make)
 
 
 def build_app(pom: Path, name: str, runner: str, timeout_s: float = 1800.0) -> Path:
     """The build directory of an application `pom` builds with `mvn package` (holding the
-    file `runner`, e.g. a Quarkus runner jar beside its `lib/`), building it on first use.
-    The same steps as `resolve_jars`: a `.complete` marker, a fresh temporary directory,
-    a rename into place. The pom takes its build directory from `kwal.build.dir`, so the
-    build writes nothing beside it (in the repository)."""
-    done = resolved_dir(name)
-    if done is not None:
-        return done
-    mvn = shutil.which("mvn")
-    if mvn is None:
-        raise MavenError(
-            f"Maven (`mvn`) is not on PATH: it is needed once to build {name} from Maven "
-            "Central (apt install maven)"
-        )
-    root = cache_root()
-    root.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=root))
-    built = tmp / "build"
-    try:
+    file `runner`, e.g. a Quarkus runner jar beside its `lib/`), building it on first use
+    (the same cache steps as `resolve_jars`). The pom takes its build directory from
+    `kwal.build.dir`, so the build writes nothing beside it (in the repository)."""
+
+    def make(tmp: Path, mvn: str) -> Path:
+        built = tmp / "build"
         argv = [mvn, "-B", "-q", "-f", str(pom), "package", "-DskipTests",
                 f"-Dkwal.build.dir={built}"]
-        try:
-            run = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, check=False)
-        except subprocess.TimeoutExpired as e:
-            raise MavenError(f"mvn did not build {name} within {timeout_s:.0f}s") from e
-        if run.returncode != 0:
-            tail = "\n".join((run.stdout + run.stderr).splitlines()[-25:])
-            raise MavenError(f"mvn could not build {name} from {pom} (exit {run.returncode}):\n{tail}")
+        _mvn(argv, name, pom, "build", timeout_s)
         if not (built / runner).is_file():
             raise MavenError(f"mvn built no {runner} for {name} from {pom}")
-        (built / COMPLETE).write_text(pom.read_text())
-        final = root / name
-        try:
-            built.rename(final)
-        except OSError:
-            if resolved_dir(name) is None:  # not another process's finished copy: a real error
-                raise
-        return final
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        return built
+
+    return _cached(pom, name, "build", make)

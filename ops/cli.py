@@ -135,6 +135,8 @@ def build_parser() -> argparse.ArgumentParser:
     query.add_argument("--ts", type=int, default=0, help="as of this ts (default: the watermark)")
     query.add_argument("--timeout", type=float, default=30.0, help="seconds to wait to catch up")
     query.add_argument("--json", action="store_true", help="one JSON object per row")
+    query.add_argument("--spark-output", help="answer from the Spark CN's Delta tables at this "
+                       "path (local or s3a://) instead of the topics")
     changes = sub.add_parser("changes", help="the standard change stream per table").add_subparsers(
         dest="changes_command", required=True
     )

@@ -157,11 +157,12 @@ def s3_store(s3_config: ObjectStoreConfig) -> S3Store:
 @pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
     """One shared local[2] SparkSession (10-20 s to start: share it), with spark-avro for
-    the change stream's reader (tests/ecosystem/test_change_stream.py)."""
-    from consumers.spark.jars import spark_avro_jars
-    from consumers.spark.session import build_session
+    the change stream's reader (tests/ecosystem/test_change_stream.py) and Delta Lake,
+    S3A and Spark's Kafka source (tests/spark/test_delta.py)."""
+    from consumers.spark.jars import delta_jars, spark_avro_jars
+    from consumers.spark.session import DELTA_CONF, build_session
 
-    session = build_session("kwal-tests", jars=spark_avro_jars())
+    session = build_session("kwal-tests", jars=spark_avro_jars() + delta_jars(), conf=DELTA_CONF)
     try:
         yield session
     finally:

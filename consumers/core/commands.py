@@ -70,11 +70,16 @@ def run_tail(args: Any, cfg: KwalConfig) -> int:
 
 def run_query(args: Any, cfg: KwalConfig) -> int:
     """The table as of `--ts`, or, without it, as of the watermark the CN reaches once it
-    has read everything its topics held at the start (`CN.catch_up`).
+    has read everything its topics held at the start (`CN.catch_up`). With
+    `--spark-output PATH`: from the Spark CN's Delta tables there instead.
 
     The rows are written as they are read (`CN.scan`: batch by batch, in storage order,
     not sorted), so a table larger than memory can be queried; the CN stops following its
     topics before the read (the scan needs only the object store and what it holds)."""
+    if getattr(args, "spark_output", None):
+        from consumers.spark.delta_reader import run_query as delta_query
+
+        return delta_query(args, cfg)
     store = open_store(cfg.objectstore)
     cn = CN(cfg, [args.table], store).start()
     ts: int | None = args.ts or None

@@ -15,7 +15,10 @@ FROM_CHECKPOINT = ("auto", "always", "never")
 def add_job_arguments(parser: argparse.ArgumentParser) -> None:
     """The arguments `consumers.spark.job.run` reads."""
     parser.add_argument("--tables", required=True, help="db.t1,db.t2")
-    parser.add_argument("--output", required=True, help="where state, history and watermarks go")
+    parser.add_argument("--output", required=True,
+                        help="where the Delta tables go: a local path or s3a://bucket/prefix")
+    parser.add_argument("--work-dir", help="local directory for the change log, progress and "
+                        "checkpoint (default OUTPUT; required for an s3a:// output)")
     parser.add_argument("--trigger", default="1s", help="a processing-time interval, or available-now")
     parser.add_argument("--checkpoint", help="checkpointLocation (default OUTPUT/_checkpoint)")
     parser.add_argument("--max-records-per-trigger", type=int)

@@ -11,10 +11,10 @@ Per micro-batch:
 2. on the driver (pyarrow over the files just written, no Spark job): the catalog records
    are applied (tables' incarnations: create ts, drop ts, schema history; the catalog
    watermark), and each table's watermark, block metas and checkpoint are folded in;
-3. each table's current state is compacted from its previous state and the change log
-   after it, at most every `compact_interval_s` (readers merge the tail in between);
+3. each table's changes since the last batch in Delta go to its Delta table(s) with one
+   MERGE per incarnation, txnVersion = the batch id (`_to_delta`);
 4. a progress file records the batch id, the watermarks, the catalog and where everything
-   is; it is the commit.
+   is: where the next batch resumes (the data's commit is step 3's, per table).
 
 The decoder needs each table's schema. It comes from the committed catalog, plus hints read
 from the catalog topic when the query starts (`catalog_hints`). Records the plan cannot
@@ -29,9 +29,10 @@ Exactly-once across restarts. Spark writes the batch's offsets to the checkpoint
 before running it, so a replayed batch id carries the same records. Every file a batch writes
 lives under a path named by its batch id and is written with mode overwrite, so a replay
 replaces, never adds; the progress file `_progress/<id>.json` is written last (atomic
-rename) and is the batch's commit: `process_batch` skips a batch id at or below the last
-progress file (it committed, Spark had not yet recorded it), and readers only look at the
-directories the last progress file lists (a crash mid-batch leaves nothing visible). Kafka
+rename): `process_batch` skips a batch id at or below the last progress file (it committed,
+Spark had not yet recorded it). Killed between step 3 and 4, the batch runs again from the
+previous progress file: each table that committed it to Delta skips it (its txnVersion),
+the others apply it. Kafka
 records re-delivered by the TN (same LSN, later offset) are harmless: a row id is inserted
 and deleted at most once, so readers de-duplicate by (row id, op).
 
@@ -48,7 +49,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shutil
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -73,6 +73,7 @@ from consumers.spark.decode import (
     OP,
     RAW,
     RAW_RECORD,
+    ROW_ID,
     TABLE,
     DecodePlan,
     change_ddl,
@@ -83,6 +84,13 @@ from consumers.spark.decode import (
     wide_ddl,
     wide_name,
 )
+from consumers.spark.delta_sink import (
+    TxnCache,
+    app_id,
+    incarnation_path,
+    mark_dropped,
+    merge_batch,
+)
 from consumers.spark.large_txn import new_large_blocks, write_large_blocks
 from consumers.spark.progress import (
     CHANGES,
@@ -92,7 +100,7 @@ from consumers.spark.progress import (
     load_progress,
     write_progress,
 )
-from consumers.spark.reader import merge_snapshot, table_dir
+from consumers.spark.reader import changes_frame
 from infra.objectstore import ObjectStore
 from schemas.logtail import decode_logtail
 from schemas.wal import ColumnDef, TableSchema
@@ -131,8 +139,12 @@ class BatchWriter:
         hints: dict[str, list[TableSchema]] | None = None,
         decoded: DecodePlan | None = None,
         store: ObjectStore | None = None,
+        delta_output: str | None = None,
     ) -> None:
-        self.output = str(output)
+        self.output = str(output)  # local: the change log and progress files
+        self.delta_output = str(delta_output or output)  # the Delta tables: local or s3a://
+        self.app_id = app_id(self.delta_output)
+        self.txns = TxnCache()  # each Delta table's last committed batch id
         self.store = store  # large transactions' blocks (consumers.spark.large_txn)
         self.compact_interval_s = compact_interval_s
         self.catalog_topic = catalog_topic
@@ -142,11 +154,13 @@ class BatchWriter:
         self.batches_applied = 0
         self.batches_skipped = 0
         self.timings: dict[str, float] = {}  # seconds spent per step, over all batches
+        self.batch_timings: dict[str, float] = {}  # the same, of the last batch
         self._t = time.perf_counter()
 
     def _lap(self, step: str) -> None:
         now = time.perf_counter()
         self.timings[step] = round(self.timings.get(step, 0.0) + now - self._t, 3)
+        self.batch_timings[step] = round(self.batch_timings.get(step, 0.0) + now - self._t, 3)
         self._t = now
 
     def __call__(self, df: Any, batch_id: int) -> None:
@@ -207,6 +221,7 @@ class BatchWriter:
 
     def process_batch(self, df: Any, batch_id: int) -> None:
         self._t = time.perf_counter()
+        self.batch_timings = {}
         prog = self._fresh_progress()
         if prog.batch_id >= batch_id:
             self.batches_skipped += 1  # committed before a crash; Spark replays it: no-op
@@ -222,20 +237,19 @@ class BatchWriter:
             apply_catalog(prog, decode_logtail(value))
         stats = {n: _read_local(bdir / f"{TABLE}={prog.tables[n].index}", _STAT_COLS) for n in self.tables}
         self._lap("stats")
-        old_states: list[Path] = []
         for name in self.tables:
             self._apply_table(
-                spark, batch_id, prog.tables[name], stats[name], prog.catalog_watermark, old_states
+                spark, batch_id, prog.tables[name], stats[name], prog.catalog_watermark,
+                lambda name=name: prog.watermark(name),  # type: ignore[misc]
             )
         prog.batch_id = batch_id
         prog.committed_at = time.time()
-        write_progress(self.output, prog)  # the commit
-        for path in old_states:
-            shutil.rmtree(path, ignore_errors=True)
+        write_progress(self.output, prog)  # where the next batch resumes (see above)
         self.batches_applied += 1
         self._lap("commit")
         if os.environ.get("KWAL_SPARK_TIMINGS"):
-            print(f"[kwal cn spark] batch {batch_id}: {self.timings}", file=sys.stderr, flush=True)
+            print(f"[kwal cn spark] batch {batch_id}: {self.batch_timings} (all: {self.timings})",
+                  file=sys.stderr, flush=True)
 
     def _apply_table(
         self,
@@ -244,11 +258,11 @@ class BatchWriter:
         tp: TableProgress,
         stats: pa.Table,
         catalog_watermark: int,
-        old_states: list[Path],
+        watermark: Callable[[], int],
     ) -> None:
         from pyspark.sql import functions as F
 
-        changed = 0
+        changed = deletes = 0
         if stats.num_rows:
             rel = f"{CHANGES}/batch={batch_id}/{TABLE}={tp.index}"
             tp.change_dirs.append([batch_id, rel, wide_name(tp.index, "")])
@@ -256,11 +270,13 @@ class BatchWriter:
                 _hold(tp, batch_id, stats)  # no create_table or alter seen yet: decode later
             large = new_large_blocks(tp, stats)
             changed += _absorb(tp, stats)
+            deletes = int(pc.sum(pc.equal(stats.column(OP), DELETE)).as_py() or 0)
             done = write_large_blocks(self.store, self.output, tp, batch_id, large)
             if done is not None:
                 tp.change_dirs.append([batch_id, done[0], ""])
                 tp.change_rows += done[1]
                 changed += done[1]
+                deletes += done[1]  # not counted by kind: assume deletes
         if tp.pending and _decodable(tp, catalog_watermark):
             paths = [
                 str(Path(self.output) / CHANGES / f"batch={b}" / f"{TABLE}={tp.index}")
@@ -272,70 +288,99 @@ class BatchWriter:
                 .select(F.col(RAW).alias("value"), F.col(OFFSET).alias("offset"))
             )
             cols = tp.columns()
-            rdir = table_dir(self.output, tp.name) / "redecoded" / f"batch={batch_id}"
+            rdir = Path(self.output) / CHANGES / "redecoded" / tp.name / f"batch={batch_id}"
             records.mapInArrow(_decoder(cols), change_ddl(cols)).write.mode("overwrite").parquet(
                 str(rdir)
             )
             tp.change_dirs.append([batch_id, str(rdir.relative_to(self.output)), ""])
             tp.pending, tp.pending_columns, tp.pending_ts = [], [], (0, 0)
-            changed += _absorb(tp, _read_local(rdir, _STAT_COLS))
+            redecoded = _read_local(rdir, _STAT_COLS)
+            changed += _absorb(tp, redecoded)
+            deletes += int(pc.sum(pc.equal(redecoded.column(OP), DELETE)).as_py() or 0)
         self._lap("redecode")
-        if tp.current is not None:
-            self._compact(spark, batch_id, tp, changed, old_states)
-            self._lap("compact")
+        tp.delta_changes += changed
+        tp.delta_deletes += deletes
+        if changed:  # an upper bound of their commit ts (rows are in commit order)
+            tp.delta_change_ts = max(tp.delta_change_ts, tp.watermark)
+        self._to_delta(spark, batch_id, tp, watermark(), drained=stats.num_rows == 0)
+        self._lap("delta")
 
-    def _compact(
-        self,
-        spark: Any,
-        batch_id: int,
-        tp: TableProgress,
-        changed: int,
-        old_states: list[Path],
+    def _to_delta(
+        self, spark: Any, batch_id: int, tp: TableProgress, watermark: int, drained: bool
     ) -> None:
-        """state/batch=<id> = the previous state merged with the change log after it, when
-        `compact_interval_s` has passed since the last compaction (or since the incarnation
-        began) and no record of the table waits undecoded; readers merge the change-log tail
-        themselves in between."""
-        inc = tp.current
-        assert inc is not None
-        tdir = table_dir(self.output, tp.name)
-        same_life = tp.state_batch is not None and tp.state_create_ts == inc.create_ts
-        if inc.drop_ts:
-            if tp.state_batch is not None:
-                old_states.append(tdir / "state" / f"batch={tp.state_batch}")
-            tp.state_batch = None
-            tp.state_create_ts = inc.create_ts
-            tp.compacted_at = 0.0
+        """Step 3: the table's changes since the last batch in Delta, one MERGE per
+        incarnation touched (`consumers.spark.delta_sink.merge_batch`, txnVersion = the
+        batch id, so a batch replayed after a crash writes nothing twice), each version
+        stamped with the table's watermark (a dropped incarnation's: the ts before its drop,
+        then `mark_dropped`). Waits while records of the table are undecoded: they may be older
+        than changes already decoded (a delete of a row they insert)."""
+        from pyspark.sql import functions as F
+
+        if tp.pending or not tp.incarnations:
             return
-        if not same_life and tp.state_create_ts != inc.create_ts:
-            # a new incarnation (first batch of a table, or created again): state starts empty
-            if tp.state_batch is not None:
-                old_states.append(tdir / "state" / f"batch={tp.state_batch}")
-            tp.state_batch = None
-            tp.state_create_ts = inc.create_ts
-            tp.uncompacted = 0
-            tp.compacted_at = time.time()
-        tp.uncompacted += changed
-        if tp.uncompacted == 0 or time.time() - tp.compacted_at < self.compact_interval_s:
-            return
-        if tp.pending:
-            # undecoded records may be older than changes already decoded (a delete of a
-            # row they insert): a state compacted now would let them win when decoded
-            return
-        base = tp.state_batch
-        state = merge_snapshot(spark, self.output, tp, base, tp.dirs_after(base, batch_id), inc)
-        state.write.mode("overwrite").parquet(str(tdir / "state" / f"batch={batch_id}"))
-        if tp.state_batch is not None and tp.state_batch != batch_id:
-            # keep the previous state one more commit (a reader may be using it)
-            old_states.extend(
-                p
-                for p in (tdir / "state").glob("batch=*")
-                if p.name not in (f"batch={tp.state_batch}", f"batch={batch_id}")
+        dirs = tp.dirs_after(tp.delta_batch, batch_id)
+        if not dirs and watermark <= tp.delta_watermark:
+            return  # nothing new: no version (an idle table's heartbeats move it)
+        unfinished = False  # an earlier incarnation still open: delta_create_ts stays
+        done = tp.delta_ts  # every row with commit ts <= this is in Delta
+        for number, inc in enumerate(tp.incarnations):
+            if inc.create_ts < tp.delta_create_ts:
+                continue  # an earlier incarnation, ended in Delta already
+            # a dropped incarnation ends once its topic is past the drop (it is in commit
+            # order), or, for the last incarnation (no later one will move the topic past
+            # the drop), once drained (a batch brought nothing from it): the source shares
+            # a batch among lagging topics, so its last rows may come after the catalog's
+            # drop; until then its versions claim only as far as its own topic. ("Drained"
+            # is not proof: a rate-limited batch can give a small backlog no record; for a
+            # re-created table the next incarnation's records and heartbeats are.)
+            last = number == len(tp.incarnations) - 1
+            ended = bool(inc.drop_ts) and (tp.watermark >= inc.drop_ts or (drained and last))
+            if ended:
+                mark = inc.drop_ts - 1
+            elif inc.drop_ts:
+                mark = min(tp.watermark, inc.drop_ts - 1)
+            else:
+                mark = watermark
+            if mark < inc.create_ts and not ended:
+                # nothing of it decoded yet (its topic lags the catalog): a version now would
+                # claim a ts before the incarnation existed, where the TN has the previous
+                # incarnation's rows (or no table). This held for live incarnations only, so a
+                # re-created one dropped again while its topic lagged got such a version.
+                break
+            cols = union_columns(s for _, s in inc.schemas)
+            path = incarnation_path(self.delta_output, tp.name, number, inc.table_id)
+            keep = [OP, ROW_ID, COMMIT_TS, *(c.name for c in cols)]
+            if dirs and tp.delta_changes:
+                # the incarnation's rows not in Delta yet, up to the ts the version claims:
+                # the catalog topic can lag the table's (a rate-limited batch), and a version
+                # holding rows past its watermark is not the TN's snapshot there (the kill
+                # test saw it); rows above it stay in the change log for a later version
+                live = (
+                    (F.col(COMMIT_TS) >= inc.create_ts)
+                    & (F.col(COMMIT_TS) > tp.delta_ts)
+                    & (F.col(COMMIT_TS) <= mark)
+                )
+                if inc.drop_ts:
+                    live = live & (F.col(COMMIT_TS) < inc.drop_ts)
+                changes = changes_frame(spark, self.output, dirs, cols).filter(live).select(*keep)
+            else:
+                changes = spark.createDataFrame([], change_ddl(cols)).select(*keep)
+            merge_batch(
+                spark, path, changes, self.app_id, batch_id, mark, self.txns,
+                has_changes=tp.delta_changes > 0, has_deletes=tp.delta_deletes > 0,
             )
-        tp.state_batch = batch_id
-        tp.state_create_ts = inc.create_ts
-        tp.uncompacted = 0
-        tp.compacted_at = time.time()
+            done = max(done, mark)
+            if ended:
+                mark_dropped(spark, path, batch_id, inc.drop_ts, self.app_id, self.txns)
+                if not unfinished:
+                    tp.delta_create_ts = inc.create_ts + 1
+            else:
+                unfinished = True
+        tp.delta_ts = done
+        tp.delta_watermark = watermark
+        if tp.delta_change_ts <= done:  # every change decoded so far is in Delta
+            tp.delta_batch = batch_id
+            tp.delta_changes = tp.delta_deletes = 0
 
 
 _STAT_COLS = [OP, COMMIT_TS, META]

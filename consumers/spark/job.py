@@ -9,24 +9,24 @@ written by `consumers.spark.batch_writer.BatchWriter` (its docstring numbers the
 says why a batch commits exactly once); `consumers.spark.reader` reads the output back
 (state, changes, as of a commit ts).
 
-Layout under `output/`:
+Layout. `output` (a local path or s3a://) holds one Delta table per kwal table and
+incarnation (`consumers.spark.delta_sink`; docs/delta.md): `<db>.<table>`, and
+`<db>.<table>@<table id>` for a table created again. The work directory (`work_dir`,
+default `output`; local) holds what only the job reads:
 
-    _progress/<batch id>.json                   the commit record: batch id, catalog,
-                                                watermarks, table numbers, directories
-    _changes/batch=<id>/__table=<n>/            the change log (Parquet) of table number n:
-                                                every insert and delete with its row id,
-                                                commit ts, LSN and Kafka offset, and one row
-                                                per heartbeat / block meta / checkpoint;
-                                                user columns named t<n>__<column>
+    _progress/<batch id>.json                   where the next batch resumes: batch id,
+                                                catalog, watermarks, table numbers
+    _changes/batch=<id>/__table=<n>/            the decoded change log (Parquet) of table
+                                                number n; user columns named t<n>__<column>
     _changes/batch=<id>/__table=-1/             the batch's catalog records (bytes)
-    <db>.<table>/state/batch=<id>/              the compacted current state (Parquet):
-                                                __row_id, __commit_ts, user columns, one row
-                                                per primary key
-    <db>.<table>/redecoded/batch=<id>/          late-decoded records (see above)
+    _changes/redecoded/<db>.<table>/batch=<id>/ late-decoded records (see batch_writer)
     <db>.<table>/bootstrap/                     a job started from a checkpoint: the table's
-                                                rows at its ts (batch -1), one file per object
+                                                rows at its ts (batch -1)
     _progress/bootstrap.json                    that start's commit (horizon, start offsets)
     _checkpoint/                                Spark's checkpointLocation (default)
+
+An output an earlier kwal wrote in its own layout (`<db>.<table>/state/batch=N`) is
+refused (`check_output`).
 
 Starting from a checkpoint (pull, seed 001). A new job reads its topics from their first
 records while they have them (full history); once the TN has truncated one (it does after
@@ -74,6 +74,7 @@ from consumers.spark.bootstrap import bootstrap_output
 from consumers.spark.decode import (
     TABLE,
 )
+from consumers.spark.jars import delta_jars
 from consumers.spark.progress import (
     Progress,
     TableProgress,
@@ -83,7 +84,7 @@ from consumers.spark.progress import (
 )
 from consumers.spark.reader import watermark
 from consumers.spark.resume import discard_output, lost_positions, resume_positions
-from consumers.spark.session import build_session
+from consumers.spark.session import DELTA_CONF, DELTA_JOB_CONF, build_session, s3a_conf
 from infra.objectstore import ObjectStore
 from schemas.logtail import decode_logtail
 from schemas.wal import TableSchema
@@ -122,6 +123,7 @@ def start_query(
     compact_interval_s: float = 10.0,
     store: ObjectStore | None = None,
     from_checkpoint: str = "auto",
+    work_dir: str | Path | None = None,
 ) -> Any:
     """Start the CN query (returns the StreamingQuery). `trigger`: "available-now", or a
     processing-time interval ("1s", "500 milliseconds").
@@ -144,6 +146,12 @@ def start_query(
     a new job would (a new horizon: reads below it are refused from then on)."""
     from consumers.spark.source import kafka_stream
 
+    delta_output = str(output)
+    work = str(work_dir or delta_output)
+    for key, value in DELTA_JOB_CONF.items():  # SQL confs: a running session takes them
+        spark.conf.set(key, value)
+    check_output(delta_output, work, list(table_topics))
+    output = Path(work)
     if from_checkpoint not in FROM_CHECKPOINT:
         raise ValueError(f"from_checkpoint is one of {FROM_CHECKPOINT}, got {from_checkpoint!r}")
     options: dict[str, Any] = {
@@ -160,6 +168,7 @@ def start_query(
     ckpt = Path(checkpoint or Path(output) / "_checkpoint")
     names = _topic_names(catalog_topic, table_topics)
     prog = load_progress(output)
+    check_continuation(spark, delta_output, output, ckpt, list(table_topics), prog)
     if prog is not None:
         lost = lost_records(bootstrap, output, ckpt, table_topics, catalog_topic, options)
         if lost and (store is None or from_checkpoint == "never"):
@@ -172,6 +181,8 @@ def start_query(
             log.warning("Spark CN %s: %s; starting again from the newest checkpoint", output,
                         _lost_where(lost, names))
             discard_output(output, ckpt, sorted(set(prog.tables) | set(table_topics)))
+            if delta_output.startswith("s3a://"):  # discard_output removes local ones only
+                _delete_delta(spark, delta_output, sorted(set(prog.tables) | set(table_topics)))
             prog = None
     if prog is None:
         lows = low_watermarks(bootstrap, topics, options)
@@ -210,7 +221,10 @@ def start_query(
         starts.update({t: {"0": o} for t, o in prog.start_offsets.items() if t in starts})
         options["startingOffsets"] = json.dumps(starts, sort_keys=True)
     hints = catalog_hints(bootstrap, catalog_topic, list(table_topics), options)
-    writer = BatchWriter(output, catalog_topic, table_topics, compact_interval_s, hints, store=store)
+    writer = BatchWriter(
+        output, catalog_topic, table_topics, compact_interval_s, hints, store=store,
+        delta_output=delta_output,
+    )
     plan = writer.source_plan()
     df = kafka_stream(spark, bootstrap, topics, decode=plan.to_json(), **options)
     writer.decoded = plan if TABLE in df.columns else None  # the built-in source does not decode
@@ -222,6 +236,87 @@ def start_query(
     else:
         w = w.trigger(processingTime=_interval(trigger))
     return w.start()
+
+
+def check_output(delta_output: str, work: str, tables: Sequence[str]) -> None:
+    """Refuse what the job cannot write to: an s3a:// output without a local work directory
+    (the change log and progress files are plain file I/O), and an output the job wrote in
+    its old layout (`<db>.<table>/state/batch=N`, read by kwal only): its tables are not
+    Delta tables and cannot be continued."""
+    if work.startswith("s3a://"):
+        raise ValueError(
+            f"--output {delta_output}: an s3a:// output needs a local --work-dir for the job's "
+            "change log, progress and Spark checkpoint"
+        )
+    if delta_output.startswith("s3a://"):
+        return
+    old = [t for t in tables if (Path(delta_output) / t / "state").is_dir()]
+    if old:
+        raise ValueError(
+            f"{delta_output}: written by an earlier kwal in its own layout ({old[0]}/state/; "
+            "tables are Delta tables now): point the job at a new --output, or delete this one "
+            "to rebuild it from the topics"
+        )
+
+
+def check_continuation(
+    spark: Any, delta_output: str, work: Path, ckpt: Path, tables: Sequence[str],
+    prog: Progress | None,
+) -> None:
+    """Refuse a start that would skip micro-batches silently. The Delta tables hold each
+    batch id the job committed (txnVersion) and the job skips a batch id at or below it,
+    so the batch ids must continue where the tables' left off:
+
+    - no progress in the work directory (a new job, or a new --work-dir) but Delta tables
+      of these tables under the output: the new job's batch ids restart at 0 and its
+      history would be replayed over the tables' newer state;
+    - progress at batch N but no offsets in Spark's checkpointLocation (deleted, or a new
+      --checkpoint): the query restarts at batch 0 and batches 0..N would be skipped."""
+    from consumers.spark.delta_reader import incarnation_paths
+
+    if prog is None:
+        found = _existing_delta(spark, delta_output, tables, incarnation_paths)
+        if found:
+            raise ValueError(
+                f"{found[0]}: a Delta table of another job (this job's work directory {work} "
+                "has no progress): point the job at a new --output, or at that job's "
+                "--work-dir to continue it"
+            )
+    elif prog.batch_id >= 0 and not any(p.name.isdigit() for p in _entries(ckpt / "offsets")):
+        raise ValueError(
+            f"{work}: the job committed up to micro-batch {prog.batch_id} but Spark's "
+            f"checkpoint {ckpt} has no offsets: give it its --checkpoint, or start a new "
+            "--output and --work-dir"
+        )
+
+
+def _delete_delta(spark: Any, delta_output: str, tables: Sequence[str]) -> None:
+    """Remove the Delta tables of `tables` (every incarnation) under an s3a:// output."""
+    from consumers.spark.delta_reader import incarnation_paths
+
+    jvm = spark.sparkContext._jvm
+    conf = spark.sparkContext._jsc.hadoopConfiguration()
+    for path in _existing_delta(spark, delta_output, tables, incarnation_paths):
+        p = jvm.org.apache.hadoop.fs.Path(path)
+        p.getFileSystem(conf).delete(p, True)
+
+
+def _entries(d: Path) -> list[Path]:
+    return list(d.iterdir()) if d.is_dir() else []
+
+
+def _existing_delta(
+    spark: Any, delta_output: str, tables: Sequence[str], paths: Any
+) -> list[str]:
+    from consumers.core.exceptions import TableNotFoundError
+
+    found: list[str] = []
+    for t in tables:
+        try:
+            found.extend(paths(spark, delta_output, t))
+        except TableNotFoundError:
+            return []  # no output there yet
+    return found
 
 
 def _parallelism(spark: Any) -> int:
@@ -351,9 +446,18 @@ def run(args: Any, cfg: Any) -> int:
         print(f"kwal cn spark: --from-checkpoint is one of {', '.join(FROM_CHECKPOINT)}",
               file=sys.stderr)
         return 2
-    output = str(args.output)
+    delta_output = str(args.output)
+    output = str(getattr(args, "work_dir", None) or delta_output)
     trigger = str(getattr(args, "trigger", "1s") or "1s")
-    spark = build_session(master=getattr(args, "master", None))
+    try:
+        check_output(delta_output, output, tables)
+    except ValueError as e:
+        print(f"kwal cn spark: {e}", file=sys.stderr)
+        return 2
+    conf = {**DELTA_CONF, **DELTA_JOB_CONF}
+    if delta_output.startswith("s3a://"):
+        conf.update(s3a_conf(cfg.objectstore))
+    spark = build_session(master=getattr(args, "master", None), jars=delta_jars(), conf=conf)
     topics = {t: cfg.topics.logtail(*t.split(".", 1)) for t in tables}
     kafka_opts = {f"kafka.{k}": v for k, v in cfg.kafka.items() if k != "bootstrap.servers"}
     store = open_store(cfg.objectstore)  # checkpoints, and large transactions' blocks
@@ -380,15 +484,19 @@ def run(args: Any, cfg: Any) -> int:
                 compact_interval_s=float(getattr(args, "compact_interval", None) or 10.0),
                 store=store,
                 from_checkpoint=from_checkpoint,
+                work_dir=output,
             )
         except (TruncatedLogtailError, BootstrapError) as e:
             print(f"kwal cn spark: cannot start: {e}", file=sys.stderr)
             return 1
+        except ValueError as e:  # an output or checkpoint it cannot continue
+            print(f"kwal cn spark: cannot start: {e}", file=sys.stderr)
+            return 2
         prog = load_progress(output)
         if prog is not None and prog.horizon and prog.batch_id < 0:
             print(f"kwal cn spark: started from the checkpoint at ts {prog.horizon}",
                   file=sys.stderr, flush=True)
-        print(f"kwal cn spark: following {', '.join(tables)} into {output} (trigger {trigger})",
+        print(f"kwal cn spark: following {', '.join(tables)} into {delta_output} (trigger {trigger})",
               file=sys.stderr, flush=True)
         try:
             if deadline is None:

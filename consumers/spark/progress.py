@@ -85,6 +85,15 @@ class TableProgress:
     change_dirs: list[list[Any]] = field(default_factory=list)
     uncompacted: int = 0  # change rows after the state's batch
     compacted_at: float = 0.0  # wall time of the last compaction
+    # The Delta output (consumers.spark.delta_sink): the last batch whose changes are in it,
+    # the incarnation (create ts) being written, and the watermark its last version records.
+    delta_batch: int | None = None
+    delta_create_ts: int = 0
+    delta_watermark: int = 0
+    delta_changes: int = 0  # inserts + deletes in the change log after delta_batch
+    delta_deletes: int = 0  # of which deletes
+    delta_ts: int = 0  # every change with commit ts <= this is in Delta
+    delta_change_ts: int = 0  # no decoded change has a commit ts above this
 
     @property
     def current(self) -> Incarnation | None:
@@ -127,6 +136,13 @@ class TableProgress:
             "change_dirs": self.change_dirs,
             "uncompacted": self.uncompacted,
             "compacted_at": self.compacted_at,
+            "delta_batch": self.delta_batch,
+            "delta_create_ts": self.delta_create_ts,
+            "delta_watermark": self.delta_watermark,
+            "delta_changes": self.delta_changes,
+            "delta_deletes": self.delta_deletes,
+            "delta_ts": self.delta_ts,
+            "delta_change_ts": self.delta_change_ts,
         }
 
     @classmethod
@@ -148,6 +164,13 @@ class TableProgress:
             [list(x) for x in d["change_dirs"]],
             int(d["uncompacted"]),
             float(d["compacted_at"]),
+            d.get("delta_batch"),
+            int(d.get("delta_create_ts", 0)),
+            int(d.get("delta_watermark", 0)),
+            int(d.get("delta_changes", 1)),  # unknown (older progress): assume some
+            int(d.get("delta_deletes", 1)),
+            int(d.get("delta_ts", 0)),
+            int(d.get("delta_change_ts", 0)),
         )
 
 

@@ -84,7 +84,8 @@ def discard_output(output: str | Path, checkpoint: str | Path, tables: list[str]
     1. the progress files (the commit: from here on the job has no state, and starts as a
        new one whichever step a crash interrupts);
     2. Spark's checkpointLocation (its offsets are unusable);
-    3. the change log and each table's directories (state, bootstrap, redecoded).
+    3. the change log and each table's directories (its Delta tables, one per incarnation:
+       `<db>.<table>` and `<db>.<table>@<table id>`; bootstrap).
 
     A reader holding the old progress fails on the missing files rather than reading a mix."""
     out = Path(output)
@@ -93,3 +94,5 @@ def discard_output(output: str | Path, checkpoint: str | Path, tables: list[str]
     shutil.rmtree(out / CHANGES, ignore_errors=True)  # 3.
     for name in tables:
         shutil.rmtree(out / name, ignore_errors=True)
+        for later in out.glob(f"{name}@*"):
+            shutil.rmtree(later, ignore_errors=True)

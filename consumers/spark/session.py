@@ -27,21 +27,73 @@ import os
 import shutil
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+from infra.config import ObjectStoreConfig
 
 log = logging.getLogger(__name__)
 
 
+DELTA_CONF = {
+    "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
+    "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
+}
+
+
+# The job's Delta settings (consumers.spark.job.run). Its tables are small and written once
+# per micro-batch, so per-write overheads dominate:
+# - snapshotPartitions: the partitions a table's log is replayed into (default 50: 50 tasks
+#   per snapshot on a 2-core laptop);
+# - stats.collect: per-file column statistics are for data skipping on large scans; the job
+#   never scans by predicate, readers still get correct results without them;
+# - merge.materializeSource: MERGE caches its source unless told it is deterministic; the
+#   job's source is the change log's Parquet files, which a batch never rewrites.
+DELTA_JOB_CONF = {
+    "spark.databricks.delta.snapshotPartitions": "2",
+    "spark.databricks.delta.stats.collect": "false",
+    "spark.databricks.delta.merge.materializeSource": "none",
+}
+
+
+def s3a_conf(store: ObjectStoreConfig) -> dict[str, str]:
+    """Hadoop S3A settings for `s3a://` paths from kwal's object store config (endpoint,
+    region, credentials), as `spark.hadoop.*` session settings."""
+    conf = {
+        "fs.s3a.impl": "org.apache.hadoop.fs.s3a.S3AFileSystem",
+        "fs.s3a.endpoint.region": store.region,
+    }
+    if store.endpoint_url:
+        conf["fs.s3a.endpoint"] = store.endpoint_url
+        conf["fs.s3a.path.style.access"] = "true"
+        conf["fs.s3a.connection.ssl.enabled"] = str(store.endpoint_url.startswith("https")).lower()
+    if store.access_key_id:
+        conf["fs.s3a.aws.credentials.provider"] = (
+            "org.apache.hadoop.fs.s3a.SimpleAWSCredentialsProvider"
+        )
+        conf["fs.s3a.access.key"] = store.access_key_id
+        conf["fs.s3a.secret.key"] = store.secret_access_key
+    return {f"spark.hadoop.{k}": v for k, v in conf.items()}
+
+
+def configure_s3a(spark: Any, store: ObjectStoreConfig) -> None:
+    """Apply `s3a_conf` to a running session (its Hadoop configuration; new filesystems
+    take it)."""
+    hadoop = spark.sparkContext._jsc.hadoopConfiguration()
+    for key, value in s3a_conf(store).items():
+        hadoop.set(key.removeprefix("spark.hadoop."), value)
+
+
 def build_session(
     app: str = "kwal-cn", master: str | None = None, driver_memory: str = "1g",
-    jars: Sequence[str] = (),
+    jars: Sequence[str] = (), conf: Mapping[str, str] | None = None,
 ) -> Any:
     """A SparkSession for the job. Reuses an active one; under spark-submit (the JVM is already
     up: PYSPARK_GATEWAY_PORT is set) its master and settings win; otherwise a local session
     with the laptop settings, and `jars` on its classpath (`spark.jars`; e.g.
-    `consumers.spark.jars.spark_avro_jars()`)."""
+    `consumers.spark.jars.spark_avro_jars()`) and `conf` (e.g. `DELTA_CONF`, `s3a_conf`)
+    set before the JVM starts."""
     worker_python_env()
     from pyspark.sql import SparkSession
 
@@ -65,6 +117,8 @@ def build_session(
         )
         if jars:
             builder = builder.config("spark.jars", ",".join(jars))
+        for key, value in (conf or {}).items():
+            builder = builder.config(key, value)
     elif master:
         builder = builder.master(master)
     return builder.getOrCreate()

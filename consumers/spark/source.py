@@ -471,7 +471,7 @@ def kafka_stream(
     if use_builtin and not builtin_kafka_available(spark):
         log.warning(
             "built-in Kafka source requested but %s is not on the classpath "
-            "(spark.jars.packages=org.apache.spark:spark-sql-kafka-0-10_2.13:<spark version>); "
+            "(consumers.spark.jars.delta_jars() has it: pass them as spark.jars); "
             "using %s",
             BUILTIN_PROVIDER_CLASS,
             SOURCE_NAME,

@@ -2,17 +2,19 @@
 
 One JSON line (`ops.bench.report.emit`):
 
-- `rows_per_s`: table rows (inserts) through the kwal Kafka source, decoded and applied into
-  the job's state (change log + compacted state, committed), for `--rows` rows (default
+- `rows_per_s`: table rows (inserts) through the job's Kafka source (`source`: kwal's own,
+  or Spark's built-in with KWAL_SPARK_BUILTIN_KAFKA=1), decoded and applied into the job's
+  Delta table (`sink`: "delta"; consumers.spark.delta_sink), for `--rows` rows (default
   200,000) in transactions of `--rows-per-txn` rows, on local[2], with an availableNow
   query: rows / wall time from the query's start to its end (start/stop included);
   `batch_rows_per_s` counts only the micro-batches that carried rows;
 - `raw_rows_per_s`: one Python process consuming the same records with confluent-kafka and
   decoding each (`decode_logtail` + the Arrow batch), in the same run; `vs_raw` =
   rows_per_s / raw_rows_per_s (target >= 0.5; `rows_per_s` target >= 30,000);
-- `latency_p50_ms` / `latency_max_ms`: with a 1 s processing-time trigger, from a record's
-  acknowledgement by Kafka to its commit being visible in the output (the job's progress
-  file shows the table's watermark at the record's ts), over `--latency-samples` records;
+- `latency_p50_ms` / `latency_p99_ms` / `latency_max_ms`: with a 1 s processing-time
+  trigger, from a record's acknowledgement by Kafka to its commit being visible in Delta
+  (the table's newest Delta version records a kwal watermark at or above the record's ts,
+  read with delta-rs, not Spark), over `--latency-samples` records;
 - `jvm_cpu_s`: the JVM's CPU during the measured query (a local session), and `warmups`.
 
 Steps: (1) use the broker at `cfg.bootstrap`, or start the embedded one when nothing
@@ -209,8 +211,8 @@ def _latency(
     spark: Any, cfg: KwalConfig, producer: Producer, work: Path, samples: int
 ) -> list[float]:
     """Commit-to-visible seconds of `samples` one-row transactions, 1 s trigger."""
+    from consumers.spark.delta_sink import table_path
     from consumers.spark.job import start_query
-    from consumers.spark.progress import load_progress
 
     table = f"lat{uuid.uuid4().hex[:6]}"
     _create_topics(cfg, [cfg.topics.logtail(DB, table)])
@@ -220,6 +222,7 @@ def _latency(
     w.flush()
     out = work / "latency"
     name = f"{DB}.{table}"
+    path = table_path(str(out), name)
     q = start_query(
         spark, cfg.bootstrap, cfg.topics.catalog, {name: w.topic}, out, trigger="1s"
     )
@@ -227,8 +230,7 @@ def _latency(
     try:
         deadline = time.monotonic() + 120
         while True:  # the first batches (catch-up) are not measured
-            prog = load_progress(out)
-            if prog is not None and prog.tables[name].applied_ts >= w.ts:
+            if _delta_watermark(path) >= w.ts:
                 break
             if time.monotonic() > deadline or q.exception() is not None:
                 raise RuntimeError(f"bench latency: the job did not catch up: {q.exception()}")
@@ -243,8 +245,7 @@ def _latency(
             acked = time.perf_counter()
             limit = time.monotonic() + 60
             while True:
-                prog = load_progress(out)
-                if prog is not None and prog.watermark(name) >= ts:
+                if _delta_watermark(path) >= ts:
                     lat.append(time.perf_counter() - acked)
                     break
                 if time.monotonic() > limit or q.exception() is not None:
@@ -253,6 +254,27 @@ def _latency(
     finally:
         q.stop()
     return lat
+
+
+def _delta_watermark(path: str) -> int:
+    """The kwal watermark the newest Delta version at `path` records (0: no table or no
+    kwal version yet), read with delta-rs: a reader that is not the job."""
+    import json
+
+    import deltalake
+    from deltalake.exceptions import TableNotFoundError
+
+    from consumers.spark.delta_sink import WATERMARK_KEY
+
+    try:
+        history = deltalake.DeltaTable(path).history(1)
+    except TableNotFoundError:
+        return 0
+    for commit in history:
+        meta = commit.get("userMetadata")
+        if meta:
+            return int(json.loads(meta).get(WATERMARK_KEY, 0))
+    return 0
 
 
 def _jvm_pid(spark: Any) -> int | None:
@@ -314,9 +336,10 @@ def bench(
         jvm_after = process_cpu_s(jvm) if jvm else None
         if os.environ.get("KWAL_SPARK_TIMINGS"):
             _log(f"spark {spark_s:.3f} s; micro-batches (ms): {progress}")
-        from consumers.spark.reader import read_state, watermark
+        from consumers.spark.delta_sink import table_path
 
-        state_rows = read_state(spark, work / "run", f"{DB}.{table}").count()
+        delta = table_path(str(work / "run"), f"{DB}.{table}")
+        state_rows = spark.read.format("delta").load(delta).count()
         if state_rows != rows:
             raise RuntimeError(f"bench: the state holds {state_rows} rows, not {rows}")
         batch_ms = sum(p.get("triggerExecution", 0) for p in progress if p.get("rows"))
@@ -335,12 +358,16 @@ def bench(
             jvm_cpu_s=round(jvm_after - jvm_before, 2)
             if jvm_before is not None and jvm_after is not None
             else None,
-            watermark=watermark(work / "run", f"{DB}.{table}"),
+            watermark=_delta_watermark(delta),
+            sink="delta",
+            source="builtin" if os.environ.get("KWAL_SPARK_BUILTIN_KAFKA", "") in (
+                "1", "true", "yes") else "kwal",
         )
         if samples:
             _log(f"latency: {samples} samples, 1 s trigger")
             lat = _latency(spark, cfg, producer, work, samples)
             out["latency_p50_ms"] = round(percentile(lat, 50) * 1000, 1)
+            out["latency_p99_ms"] = round(percentile(lat, 99) * 1000, 1)
             out["latency_max_ms"] = round(max(lat) * 1000, 1)
             out["latency_samples"] = len(lat)
             out["trigger"] = "1s"
@@ -358,10 +385,13 @@ def run(args: Any, cfg: KwalConfig) -> int:
     samples = 8 if samples is None else int(samples)
     warmups = getattr(args, "warmups", None)
     warmups = WARMUP_QUERIES if warmups is None else int(warmups)
-    from consumers.spark.session import build_session
+    from consumers.spark.jars import delta_jars
+    from consumers.spark.session import DELTA_CONF, DELTA_JOB_CONF, build_session
 
     with bench_kafka(cfg, "spark") as (cfg, where, _broker):
-        spark = build_session("kwal-bench-spark")
+        spark = build_session(
+            "kwal-bench-spark", jars=delta_jars(), conf={**DELTA_CONF, **DELTA_JOB_CONF}
+        )
         spark.sparkContext.setLogLevel("ERROR")
         try:
             result = bench(spark, cfg, rows, rows_per_txn, samples, warmups)

@@ -191,20 +191,16 @@ def test_batch_read_and_kafka_stream_columns(source: Any, kafka_bootstrap: str) 
     assert sorted((r.partition, r.offset) for r in part.collect()) == [
         (0, o) for o in range(50, 60)
     ] + [(1, o) for o in range(10)]
-    # without the built-in source's jars, the builtin request falls back to ours: same columns
-    assert builtin_kafka_available(spark) is False
-    stream = kafka_stream(spark, kafka_bootstrap, [topic], use_builtin=True)
-    assert stream.isStreaming
-    assert stream.columns == [
-        "key",
-        "value",
-        "topic",
-        "partition",
-        "offset",
-        "timestamp",
-        "timestampType",
-        "headers",
+    # the built-in source's jars are on the session's classpath (consumers.spark.jars
+    # delta_jars): it gives the same columns as ours
+    assert builtin_kafka_available(spark) is True
+    columns = [
+        "key", "value", "topic", "partition", "offset", "timestamp", "timestampType", "headers",
     ]
+    for use_builtin in (True, False):
+        stream = kafka_stream(spark, kafka_bootstrap, [topic], use_builtin=use_builtin)
+        assert stream.isStreaming
+        assert stream.columns == columns
 
 
 def test_stop_mid_stream_and_restart_no_duplicates_no_gaps(

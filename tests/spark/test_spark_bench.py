@@ -30,4 +30,5 @@ def test_bench_spark_prints_one_json_line_with_both_sides(
     assert result["jvm_cpu_s"] is not None and result["jvm_cpu_s"] > 0  # the shared local JVM
     assert result["watermark"] > 0
     assert result["latency_samples"] == 2
-    assert 0 < result["latency_p50_ms"] <= result["latency_max_ms"]
+    assert 0 < result["latency_p50_ms"] <= result["latency_p99_ms"] <= result["latency_max_ms"]
+    assert (result["sink"], result["source"]) == ("delta", "kwal")

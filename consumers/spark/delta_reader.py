@@ -1,0 +1,116 @@
+"""Reading the Spark CN's Delta tables back by kwal commit ts (`consumers.spark.delta_sink`
+writes them).
+
+Every version kwal commits records the watermark it reflects (`userMetadata`
+`kwal_watermark`). The TN's snapshot at a ts t up to the newest watermark is the version v
+with the largest watermark w_v <= t, exact when no kwal commit falls in (w_v, t] (the next
+version holds those). Anyone else reads the same tables with plain Delta:
+`spark.read.format("delta").option("versionAsOf", v)`, `VERSION AS OF`, `table_changes`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from consumers.core.exceptions import BelowHorizonError, TableNotFoundError
+from consumers.spark.delta_sink import DROPPED_PROPERTY, watermarks
+
+
+class AboveWatermarkError(ValueError):
+    """The ts asked for is past what the Delta table reflects yet."""
+
+
+def version_as_of(spark: Any, path: str, ts: int) -> int:
+    """The Delta version of the table at `path` that is the TN's snapshot at `ts`."""
+    marks = watermarks(spark, path)
+    if not marks:
+        raise AboveWatermarkError(f"{path}: no kwal version committed yet")
+    if ts > marks[-1][1]:
+        raise AboveWatermarkError(f"{path}: ts {ts} is past the watermark {marks[-1][1]}")
+    at = [v for v, w in marks if w <= ts]
+    if not at:
+        raise BelowHorizonError(f"{path}: ts {ts} is before the first version (watermark {marks[0][1]})")
+    return at[-1]
+
+
+def read_as_of(spark: Any, path: str, ts: int) -> Any:
+    """The table's rows at kwal commit ts `ts` (a DataFrame)."""
+    version = version_as_of(spark, path, ts)
+    return spark.read.format("delta").option("versionAsOf", version).load(path)
+
+
+def incarnation_paths(spark: Any, output: str, table: str) -> list[str]:
+    """The Delta tables of `table`'s incarnations under `output` (`delta_sink.
+    incarnation_path`: `<db>.<table>` and `<db>.<table>@<table id>`), listed through
+    Hadoop's filesystem so that local paths and s3a:// alike work."""
+    jvm = spark.sparkContext._jvm
+    root = jvm.org.apache.hadoop.fs.Path(output)
+    fs = root.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
+    if not fs.exists(root):
+        raise TableNotFoundError(f"{output}: no Spark CN output there")
+    names = [s.getPath().getName() for s in fs.listStatus(root) if s.isDirectory()]
+    paths = [f"{output.rstrip('/')}/{n}" for n in names if n == table or n.startswith(f"{table}@")]
+    return sorted(p for p in paths if fs.exists(jvm.org.apache.hadoop.fs.Path(f"{p}/_delta_log")))
+
+
+def _dropped_ts(spark: Any, path: str) -> int:
+    from delta.tables import DeltaTable
+
+    row = DeltaTable.forPath(spark, path).detail().select("properties").first()
+    props = (row[0] if row is not None else None) or {}
+    return int(props.get(DROPPED_PROPERTY, 0))
+
+
+def table_as_of(spark: Any, output: str, table: str, ts: int | None) -> tuple[Any, int]:
+    """`table`'s rows at kwal ts `ts` (None: its newest watermark), from the incarnation
+    alive then, and the ts answered. Refuses a ts past the watermark, before the first
+    version, or when the table does not exist at it (TableNotFoundError)."""
+    paths = incarnation_paths(spark, output, table)
+    if not paths:
+        raise TableNotFoundError(f"{table}: no Delta table of it under {output}")
+    lives = []  # (first watermark, last watermark, drop ts, path)
+    for p in paths:
+        marks = watermarks(spark, p)
+        if marks:
+            lives.append((marks[0][1], marks[-1][1], _dropped_ts(spark, p), p))
+    if not lives:
+        raise AboveWatermarkError(f"{table}: no kwal version committed yet under {output}")
+    lives.sort()
+    if ts is None:
+        first, last, dropped, path = lives[-1]
+        if dropped:
+            raise TableNotFoundError(f"{table} was dropped at ts {dropped}")
+        return read_as_of(spark, path, last), last
+    alive = [life for life in lives if life[0] <= ts and not (life[2] and ts >= life[2])]
+    if not alive:
+        if ts > lives[-1][1] and not lives[-1][2]:
+            raise AboveWatermarkError(f"{table}: ts {ts} is past the watermark {lives[-1][1]}")
+        raise TableNotFoundError(f"table {table} does not exist at ts {ts} under {output}")
+    return read_as_of(spark, alive[-1][3], ts), ts
+
+
+def run_query(args: Any, cfg: Any) -> int:
+    """`kwal cn query --spark-output PATH --table db.t [--ts T] [--json]`: the table from
+    the Spark CN's Delta tables (no Kafka): user columns, one row per line."""
+    import json
+    import sys
+
+    from consumers.spark.jars import delta_jars
+    from consumers.spark.session import DELTA_CONF, build_session, s3a_conf
+
+    output = str(args.spark_output)
+    conf = dict(DELTA_CONF)
+    if output.startswith("s3a://"):
+        conf.update(s3a_conf(cfg.objectstore))
+    spark = build_session("kwal-cn-query", jars=delta_jars(), conf=conf)
+    try:
+        df, ts = table_as_of(spark, output, args.table, args.ts or None)
+    except (AboveWatermarkError, BelowHorizonError, TableNotFoundError) as e:
+        print(f"kwal cn query: {e}", file=sys.stderr)
+        return 1
+    cols = [c for c in df.columns if not c.startswith("__")]
+    rows = df.orderBy("__row_id").select(*cols).toArrow().to_pylist()
+    for row in rows:
+        print(json.dumps(row, default=str) if getattr(args, "json", False) else row)
+    print(f"({len(rows)} rows as of ts {ts})", file=sys.stderr)
+    return 0

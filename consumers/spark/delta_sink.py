@@ -1,0 +1,271 @@
+"""A kwal table's state as a Delta Lake table: one micro-batch's changes applied with one
+`MERGE`, exactly once, stamped with the kwal watermark it reflects.
+
+Layout: `<output>/<db>.<table>` (a local path or `s3a://bucket/prefix/...`), one Delta table
+per kwal table, one row per live row id: `__row_id`, `__commit_ts` (the ts of the insert
+that made the row) and the user columns. Change Data Feed is on (`delta.enableChangeDataFeed`)
+so downstream jobs can stream the table's changes (`table_changes`, `readChangeFeed`).
+
+`merge_batch`, per micro-batch and table:
+
+1. reduce the batch's changes to one action per row id: a row id is inserted at most once
+   and deleted at most once in kwal (an UPDATE is a delete of the old row id and an insert
+   of a new one), and a record the TN re-delivered repeats the same (row id, op), so
+   inserted-and-deleted -> nothing, inserted -> INSERT, deleted -> DELETE;
+2. `MERGE INTO` the table on `__row_id` with Delta's idempotent-write options
+   (`txnAppId` = the job's id, `txnVersion` = the micro-batch id): Delta records the pair in
+   the same commit as the data, and skips a write whose version is at or below the one it
+   recorded for the app id. A batch replayed after a crash is therefore a no-op, and the
+   data and the job's progress commit atomically (no separate progress file);
+3. the commit's `userMetadata` is `{"kwal_watermark": ts, "kwal_batch": id, "kwal_app":
+   app id}`: the ts up to
+   which the version reflects the TN (`consumers.spark.delta_reader` reads it for time
+   travel by commit ts). A batch with no change for the table still commits (an empty
+   append, see `merge_batch`) when the watermark moved, so an idle table's watermark
+   advances.
+
+Schema evolution (ALTER TABLE ADD COLUMN) uses Delta's automatic schema merge for MERGE
+(`spark.databricks.delta.schema.autoMerge.enabled`, set per statement). A dropped table ends
+with a version that sets the table property `kwal.dropped_ts`; a table created again under
+the same name starts a new incarnation in a Delta table of its own: the first incarnation the
+job saw at `<db>.<table>`, each later one at `<db>.<table>@<table id>` (`incarnation_path`),
+so rows of two incarnations never mix and each path keeps its own history.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from schemas.logtail import COMMIT_TS, ROW_ID
+
+OP = "__op"
+INSERT, DELETE = "I", "D"
+WATERMARK_KEY = "kwal_watermark"
+BATCH_KEY = "kwal_batch"
+APP_KEY = "kwal_app"
+DROPPED_PROPERTY = "kwal.dropped_ts"
+
+_TXN_APP = "spark.databricks.delta.write.txnAppId"
+_TXN_VERSION = "spark.databricks.delta.write.txnVersion"
+_USER_METADATA = "spark.databricks.delta.commitInfo.userMetadata"
+_AUTO_MERGE = "spark.databricks.delta.schema.autoMerge.enabled"
+
+
+def table_path(output: str, table: str) -> str:
+    """Where kwal table `db.table` lives under `output` (a local path or an s3a:// URL)."""
+    db, _, name = table.partition(".")
+    if not db or not name:
+        raise ValueError(f"a table is db.table, got {table!r}")
+    return f"{output.rstrip('/')}/{table}"
+
+
+def incarnation_path(output: str, table: str, number: int, table_id: int) -> str:
+    """The Delta table of incarnation `number` (0: the first the job saw) of `table`, with
+    catalog table id `table_id`: `table_path` for the first, `<path>@<table id>` after."""
+    base = table_path(output, table)
+    return base if number == 0 else f"{base}@{table_id}"
+
+
+def app_id(output: str) -> str:
+    """The job's `txnAppId`: named by its output, the same in every process (Python's
+    `hash` of a str is not)."""
+    return "kwal-cn-" + hashlib.sha256(output.rstrip("/").encode()).hexdigest()[:16]
+
+
+def net_changes(changes: Any) -> Any:
+    """Step 1: one row per row id that the batch inserted or deleted but not both, with its
+    action in `__op`. `changes` has `__op` (I or D), `__row_id`, `__commit_ts` and the user
+    columns (null on deletes)."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    rows = changes.filter(F.col(OP).isin(INSERT, DELETE)).dropDuplicates([ROW_ID, OP])
+    per_id = Window.partitionBy(ROW_ID)
+    return (
+        rows.withColumn("__n", F.count(F.lit(1)).over(per_id))
+        .filter(F.col("__n") == 1)
+        .drop("__n")
+    )
+
+
+class OutputOwnerError(ValueError):
+    """A Delta table's last kwal commit was written by another job (another `txnAppId`)."""
+
+
+class TxnCache:
+    """path -> the last micro-batch id this job committed there (-1: none; absent: not read
+    yet), read once per process (from the table's newest commit; -1 without reading when
+    there is no table) and kept up to date by the job's own commits. Last round every MERGE
+    read the history first (a Spark job over the log each time)."""
+
+    def __init__(self) -> None:
+        self.last: dict[str, int] = {}
+
+    def last_batch(self, spark: Any, path: str, app_id: str) -> int:
+        from delta.tables import DeltaTable
+
+        if path not in self.last:
+            exists = DeltaTable.isDeltaTable(spark, path)
+            self.last[path] = _last_txn_version(spark, path, app_id) if exists else -1
+        return self.last[path]
+
+
+def merge_batch(
+    spark: Any,
+    path: str,
+    changes: Any,
+    app_id: str,
+    batch_id: int,
+    watermark: int,
+    cache: TxnCache | None = None,
+    has_changes: bool = True,
+    has_deletes: bool = True,
+) -> bool:
+    """Apply one micro-batch's `changes` of one table to the Delta table at `path` (steps in
+    the module docstring). Returns False when Delta skipped it (this batch id was committed
+    already for `app_id`).
+
+    Cheaper forms of the same commit (same options, same userMetadata): the first batch of a
+    table creates it with a plain write of its inserts (a new incarnation has no row a
+    delete could match: its deletes met their inserts in the same batch); `has_changes`
+    False (the caller knows the batch brought no insert or delete for the table) only moves
+    the watermark, with an empty append (no MERGE: no join, no scan of the table);
+    `has_deletes` False: an insert-only MERGE (Delta runs it as one anti-join and an append,
+    rewriting no file; the anti-join still drops a row the TN re-delivered)."""
+    from delta.tables import DeltaTable
+    from pyspark.sql import functions as F
+
+    cache = cache or TxnCache()
+    last = cache.last_batch(spark, path, app_id)
+    if last >= batch_id:
+        return False
+    net = net_changes(changes) if has_changes else changes.filter(F.lit(False))
+    user_cols = [c for c in net.columns if c != OP]
+    meta = json.dumps({WATERMARK_KEY: int(watermark), BATCH_KEY: int(batch_id), APP_KEY: app_id})
+    creating = last < 0 and not DeltaTable.isDeltaTable(spark, path)
+    if creating or not has_changes:
+        rows = net.filter(F.col(OP) == INSERT).select(*user_cols)
+        writer = (
+            rows.write.format("delta").mode("append")
+            .option("txnAppId", app_id).option("txnVersion", batch_id)
+            .option("userMetadata", meta).option("mergeSchema", "true")
+        )
+        if creating:
+            writer = writer.option("delta.enableChangeDataFeed", "true")
+        writer.save(path)
+        cache.last[path] = batch_id
+        return True
+    conf = {
+        _TXN_APP: app_id,
+        _TXN_VERSION: str(batch_id),
+        _USER_METADATA: meta,
+        _AUTO_MERGE: "true",
+    }
+    with _session_conf(spark, conf):
+        merge = DeltaTable.forPath(spark, path).alias("t").merge(
+            net.alias("s"), f"t.{ROW_ID} = s.{ROW_ID}"
+        )
+        if has_deletes:
+            merge = merge.whenMatchedDelete(condition=F.col(f"s.{OP}") == DELETE)
+        merge.whenNotMatchedInsert(
+            condition=F.col(f"s.{OP}") == INSERT,
+            values={c: F.col(f"s.`{c}`") for c in user_cols},
+        ).execute()
+    cache.last[path] = batch_id
+    return True
+
+
+def mark_dropped(
+    spark: Any, path: str, batch_id: int, drop_ts: int, app_id: str = "", cache: TxnCache | None = None
+) -> bool:
+    """End the table at `path`: a last version with the property `kwal.dropped_ts` (its
+    userMetadata carries the drop ts as the watermark). Idempotent by the property itself:
+    a replayed batch finds it set and writes nothing (False). Its userMetadata has the batch id
+and the drop ts but no watermark."""
+    from delta.tables import DeltaTable
+
+    row = DeltaTable.forPath(spark, path).detail().select("properties").first()
+    props = (row[0] if row is not None else None) or {}
+    if DROPPED_PROPERTY in props:
+        return False
+    # no kwal_watermark: the TN has no such table at the drop ts (read_as_of refuses it)
+    meta: dict[str, Any] = {"kwal_dropped_ts": int(drop_ts), BATCH_KEY: int(batch_id)}
+    if app_id:
+        meta[APP_KEY] = app_id
+    conf = {_USER_METADATA: json.dumps(meta)}
+    with _session_conf(spark, conf):
+        spark.sql(
+            f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ('{DROPPED_PROPERTY}' = '{int(drop_ts)}')"
+        )
+    if cache is not None:
+        cache.last[path] = batch_id
+    return True
+
+
+def _last_txn_version(spark: Any, path: str, app_id: str) -> int:
+    """The last micro-batch id committed to `path` (-1: none yet), read from the newest
+    commit's userMetadata, which the same commit as the data wrote (with the SetTransaction
+    of `txnAppId`/`txnVersion`). Refuses a table whose newest kwal commit names another app
+    id: a job whose batch ids restart at 0 on it would have every MERGE skipped
+    (OutputOwnerError)."""
+    for meta in _history_metadata(spark, path, limit=1):
+        if BATCH_KEY in meta:
+            owner = meta.get(APP_KEY, app_id)
+            if owner != app_id:
+                raise OutputOwnerError(
+                    f"{path}: written by another job (txnAppId {owner}, up to its batch "
+                    f"{meta[BATCH_KEY]}), not this one ({app_id})"
+                )
+            return int(meta[BATCH_KEY])
+    return -1
+
+
+def _history_metadata(spark: Any, path: str, limit: int | None = None) -> list[dict[str, Any]]:
+    """userMetadata of the table's commits, newest first (kwal's, parsed; others as {})."""
+    from delta.tables import DeltaTable
+
+    history = DeltaTable.forPath(spark, path).history(limit) if limit else DeltaTable.forPath(
+        spark, path
+    ).history()
+    out = []
+    for row in history.select("version", "userMetadata").orderBy("version", ascending=False).collect():
+        meta = json.loads(row["userMetadata"]) if row["userMetadata"] else {}
+        meta["version"] = int(row["version"])
+        out.append(meta)
+    return out
+
+
+class _session_conf:
+    """Set SQL confs for one statement and restore them after (Delta reads the idempotency
+    and commit-info options from the session)."""
+
+    def __init__(self, spark: Any, conf: dict[str, str]) -> None:
+        self.spark, self.conf = spark, conf
+        self.saved: dict[str, str | None] = {}
+
+    def __enter__(self) -> None:
+        for k, v in self.conf.items():
+            self.saved[k] = self.spark.conf.get(k, None)
+            self.spark.conf.set(k, v)
+
+    def __exit__(self, *exc: object) -> None:
+        for k, v in self.saved.items():
+            if v is None:
+                self.spark.conf.unset(k)
+            else:
+                self.spark.conf.set(k, v)
+
+
+def watermarks(spark: Any, path: str) -> list[tuple[int, int]]:
+    """(Delta version, kwal watermark) of every version kwal committed, oldest first."""
+    return sorted(
+        (m["version"], int(m[WATERMARK_KEY])) for m in _history_metadata(spark, path) if WATERMARK_KEY in m
+    )
+
+
+def user_columns(columns: Sequence[str]) -> list[str]:
+    """The columns of a state row that are the table's own (not kwal's)."""
+    return [c for c in columns if c not in (ROW_ID, COMMIT_TS, OP)]
