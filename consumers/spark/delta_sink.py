@@ -15,8 +15,9 @@ so downstream jobs can stream the table's changes (`table_changes`, `readChangeF
 2. `MERGE INTO` the table on `__row_id` with Delta's idempotent-write options
    (`txnAppId` = the job's id, `txnVersion` = the micro-batch id): Delta records the pair in
    the same commit as the data, and skips a write whose version is at or below the one it
-   recorded for the app id. A batch replayed after a crash is therefore a no-op, and the
-   data and the job's progress commit atomically (no separate progress file);
+   recorded for the app id. A batch replayed after a crash is therefore a no-op: the
+   data and "batch N is in this table" commit atomically, per table (the job's
+   `_progress` file only caches its decoder and catalog state: docs/delta.md);
 3. the commit's `userMetadata` is `{"kwal_watermark": ts, "kwal_batch": id, "kwal_app":
    app id}`: the ts up to
    which the version reflects the TN (`consumers.spark.delta_reader` reads it for time
