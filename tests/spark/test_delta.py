@@ -197,7 +197,6 @@ def _user_rows(rows: list[dict[str, Any]], columns: list[str]) -> list[dict[str,
 JOB_TABLES = ["db.a", "db.b"]
 
 
-@pytest.mark.tansu  # the compatibility subset's Spark CN: TN -> logtail -> the job -> Delta
 def test_job_killed_mid_stream_and_restarted_writes_each_row_once(
     spark: Any, kwal_config: KwalConfig, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
