@@ -245,8 +245,7 @@ def _decoded_by_the_source(
     )
 
 
-# "source" is also the compatibility subset's Spark CN (its job's source reads the topics)
-@pytest.mark.parametrize("decoded_by", ["mapInArrow", pytest.param("source", marks=pytest.mark.tansu)])
+@pytest.mark.parametrize("decoded_by", ["mapInArrow", "source"])
 def test_alter_table_add_column_mid_stream_keeps_the_new_values(
     spark: Any, kwal_config: KwalConfig, tmp_path: Path, decoded_by: str
 ) -> None:
