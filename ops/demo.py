@@ -49,8 +49,11 @@ HOT_SKUS = 5
 WAL_SEGMENT_MS = 2000
 
 
+_STARTED = time.monotonic()
+
+
 def say(msg: str) -> None:
-    print(f"[demo] {msg}", flush=True)
+    print(f"[demo {time.monotonic() - _STARTED:5.1f}s] {msg}", flush=True)
 
 
 @dataclass
@@ -292,34 +295,39 @@ def _wait_for_checkpoint(store: Any, timeout_s: float) -> Any:
 
 
 def _spark_cn(cfg: KwalConfig, workdir: Path) -> dict[str, Any] | None:
-    """Run the Spark CN job (available-now) over the tables and read each table back
-    as of its watermark; None when Spark cannot start here (no Java)."""
+    """Run the Spark CN job as `kwal cn spark --trigger available-now` does (in this
+    process) into Delta tables, then read each table back at its newest watermark as
+    `kwal cn query --spark-output` does; None when Spark cannot start here (no Java)."""
     if shutil.which("java") is None and not Path(sys.prefix, "jre").exists():
         say("Spark CN skipped: no Java runtime on this machine")
         return None
-    from consumers.spark.job import start_query
-    from consumers.spark.reader import read_as_of, watermark
-    from consumers.spark.session import build_session
+    import argparse
+
+    from consumers.spark.arguments import add_job_arguments
+    from consumers.spark.delta_reader import table_as_of, user_rows
+    from consumers.spark.jars import delta_jars
+    from consumers.spark.job import run as run_job
+    from consumers.spark.session import DELTA_CONF, build_session
 
     say("running the Spark CN (available-now; Spark takes a while to start)")
-    output = workdir / "spark-out"
-    spark = build_session("kwal-demo-cn")
-    spark.sparkContext.setLogLevel("ERROR")
+    output = str(workdir / "spark-out")
+    parser = argparse.ArgumentParser()
+    add_job_arguments(parser)
+    # the TN truncates the logtail behind its checkpoints (physically on Apache Kafka): the
+    # job starts from the newest checkpoint in the TN's object store when its topics no
+    # longer start at offset 0 (--from-checkpoint auto)
+    job_args = parser.parse_args(
+        ["--tables", ",".join(TABLES), "--output", output, "--trigger", "available-now"]
+    )
+    code = run_job(job_args, cfg)
+    if code != 0:
+        raise RuntimeError(f"the Spark CN job ended with exit code {code}")
+    spark = build_session("kwal-demo-cn", jars=delta_jars(), conf=DELTA_CONF)  # the job's
     try:
-        topics = {name: cfg.topics.logtail(*name.split(".")) for name in TABLES}
-        # the TN truncates the logtail behind its checkpoints (physically on Apache Kafka):
-        # the job starts from the newest checkpoint in the TN's object store when its
-        # topics no longer start at offset 0
-        from infra.objectstore import open_store
-
-        query = start_query(spark, cfg.bootstrap, cfg.topics.catalog, topics, str(output),
-                            trigger="available-now", store=open_store(cfg.objectstore))
-        query.awaitTermination(300)
         tables = {}
         for name in TABLES:
-            mark = watermark(str(output), name)
-            rows = [r.asDict() for r in read_as_of(spark, str(output), name, mark).collect()]
-            tables[name] = {"watermark": mark, "rows": rows}
+            df, mark = table_as_of(spark, output, name, None)
+            tables[name] = {"watermark": mark, "rows": user_rows(df)}
         return {"tables": tables}
     finally:
         spark.stop()
@@ -352,8 +360,11 @@ def _compare(
                 )
             if spark is not None and name in spark.get("tables", {}):
                 s = spark["tables"][name]
-                spark_rows = engine.read(db, table, s["watermark"]).to_pylist()
-                same = spark_rows == s["rows"]
+                # a table is a set of rows: the TN reads them in block order, the Delta
+                # table in row id order (an update gets a new row id)
+                pk = TABLES[name][1]
+                tn_rows = sorted(engine.read(db, table, s["watermark"]).to_pylist(), key=lambda r: r[pk])
+                same = tn_rows == sorted(s["rows"], key=lambda r: r[pk])
                 ok &= same
                 details[f"{name} spark"] = f"{len(s['rows'])} rows at {s['watermark']} {'agree' if same else 'DIFFER'}"
         # a last checkpoint of the rebuilt state truncates the WAL through its end
@@ -367,7 +378,7 @@ def _compare(
         engine.close()
         log.close()
     if spark is None:
-        details["spark_cn"] = "not run (consumers.spark.job has no run_available_now)"
+        details["spark_cn"] = "not run (no Java runtime here)"
     return ok, details
 
 

@@ -89,6 +89,14 @@ def table_as_of(spark: Any, output: str, table: str, ts: int | None) -> tuple[An
     return read_as_of(spark, alive[-1][3], ts), ts
 
 
+def user_rows(df: Any) -> list[dict[str, Any]]:
+    """A table's rows as a user sees them: its own columns (not kwal's `__` ones), in row
+    id order (the TN's order)."""
+    cols = [c for c in df.columns if not c.startswith("__")]
+    rows: list[dict[str, Any]] = df.orderBy("__row_id").select(*cols).toArrow().to_pylist()
+    return rows
+
+
 def run_query(args: Any, cfg: Any) -> int:
     """`kwal cn query --spark-output PATH --table db.t [--ts T] [--json]`: the table from
     the Spark CN's Delta tables (no Kafka): user columns, one row per line."""
@@ -108,8 +116,7 @@ def run_query(args: Any, cfg: Any) -> int:
     except (AboveWatermarkError, BelowHorizonError, TableNotFoundError) as e:
         print(f"kwal cn query: {e}", file=sys.stderr)
         return 1
-    cols = [c for c in df.columns if not c.startswith("__")]
-    rows = df.orderBy("__row_id").select(*cols).toArrow().to_pylist()
+    rows = user_rows(df)
     for row in rows:
         print(json.dumps(row, default=str) if getattr(args, "json", False) else row)
     print(f"({len(rows)} rows as of ts {ts})", file=sys.stderr)
