@@ -197,6 +197,15 @@ class MemBlock:
         dts = np.asarray(self.dts[:n], dtype=np.int64)
         return (cts <= ts) & (dts > ts)
 
+    def nbytes(self) -> int:
+        """Bytes of the arrays the block holds in memory (0 once flushed)."""
+        if not isinstance(self._cts, np.ndarray):
+            return 0
+        held = self._cts.nbytes + self._dts.nbytes
+        for c in list(self.cols.values()):
+            held += getattr(c, "nbytes", 0)
+        return int(held)
+
     def arrays(self, n: int) -> dict[int, pa.Array]:
         """Rows [0, n) of the columns held in memory, as Arrow arrays by column id."""
         from tn.memtable.columns import column_arrays

@@ -62,6 +62,10 @@ class FixedColumn:
         """The rows the column can hold (not the block's row count)."""
         return len(self.data)
 
+    @property
+    def nbytes(self) -> int:
+        return int(self.data.nbytes + self.valid.nbytes)
+
     def put(self, at: int, values: Sequence[Any], src: int, n: int) -> None:
         """Rows [at, at+n) take values[src:src+n] (None: null)."""
         if n == 1:
@@ -73,13 +77,20 @@ class FixedColumn:
                 self.valid[at] = True
             return
         part = values[src : src + n] if src or n != len(values) else values
-        if None in part:
-            valid = np.fromiter((v is not None for v in part), np.bool_, n)
-            self.data[at : at + n] = [0 if v is None else v for v in part]
-            self.valid[at : at + n] = valid
-        else:
-            self.data[at : at + n] = part
-            self.valid[at : at + n] = True
+        data = self.data
+        kind = data.dtype.kind
+        try:
+            if kind == "b" and None in part:  # numpy reads None as False
+                raise TypeError
+            data[at : at + n] = part  # int64: None raises; float64: None reads as NaN
+            if kind != "f" or not np.isnan(data[at : at + n]).any():
+                self.valid[at : at + n] = True
+                return
+        except TypeError:
+            pass
+        # nulls (or NaNs: told apart from nulls here, value by value)
+        data[at : at + n] = [0 if v is None else v for v in part]
+        self.valid[at : at + n] = np.fromiter((v is not None for v in part), np.bool_, n)
 
     def arrow(self, n: int) -> pa.Array:
         """Rows [0, n) as an Arrow array of the column's type."""
@@ -159,6 +170,10 @@ class VarColumn:
     def __len__(self) -> int:
         return len(self.starts)
 
+    @property
+    def nbytes(self) -> int:
+        return int(self.buf.nbytes + self.starts.nbytes + self.lens.nbytes + self.valid.nbytes)
+
     def _encode(self, v: Any) -> bytes:
         if not self.is_str:
             return bytes(v)
@@ -196,15 +211,30 @@ class VarColumn:
             self.top = max(self.top, at + 1)
             return
         part = values[src : src + n] if src or n != len(values) else values
-        enc = [b"" if v is None else self._encode(v) for v in part]
-        lens = np.fromiter((len(b) for b in enc), np.int64, n)
-        data = b"".join(enc)
+        data = None
+        if self.is_str:
+            try:
+                text = "".join(part)  # None (a null) raises
+                data = text.encode()
+            except (TypeError, UnicodeEncodeError):
+                pass
+            else:
+                if len(data) == len(text):  # ASCII: a character is a byte
+                    lens = np.fromiter(map(len, part), np.int64, n)
+                else:
+                    lens = np.fromiter((len(v.encode()) for v in part), np.int64, n)
+                valid: Any = True
+        if data is None:
+            enc = [b"" if v is None else self._encode(v) for v in part]
+            lens = np.fromiter(map(len, enc), np.int64, n)
+            data = b"".join(enc)
+            valid = np.fromiter((v is not None for v in part), np.bool_, n)
         pos = self._reserve(len(data))
         self.buf[pos : pos + len(data)] = np.frombuffer(data, np.uint8)
         ends = np.cumsum(lens)
         self.starts[at : at + n] = pos + ends - lens
         self.lens[at : at + n] = lens
-        self.valid[at : at + n] = np.fromiter((v is not None for v in part), np.bool_, n)
+        self.valid[at : at + n] = valid
         self.top = max(self.top, at + n)
 
     def arrow(self, n: int) -> pa.Array:
