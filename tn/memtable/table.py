@@ -37,6 +37,11 @@ from tn.memtable.pk_filter import KeyFilter, filter_bits
 SEGMENT_BLOCKS = 16
 PRUNE_CHUNK = 20_000  # index entries dropped per hold of index_lock
 
+# the row offsets as shared int objects: an index entry holds one of these, not an int
+# of its own made by the transaction (small objects that outlive a checkpoint interval
+# keep the allocator's pools: docs/memory.md)
+_ROWS = tuple(range(BLOCK_ROWS))
+
 # (block, first row in block, first row in batch, row count)
 Range = tuple[BlockNode, int, int, int]
 
@@ -187,15 +192,16 @@ class TableData:
         conflict checks must see it."""
         idx = self.index
         by_id = self.by_id
+        rows = _ROWS
         with self.index_lock:
             for key, blk, row in inserts:
-                idx[key] = (blk.id, row, ts, True)
+                idx[key] = (blk.id, rows[row], ts, True)
                 if blk.id not in by_id:
                     by_id[blk.id] = blk
             for key, blk, row in deletes:
                 e = idx.get(key)
                 if e is None or (e[0] == blk.id and e[1] == row):
-                    idx[key] = (blk.id, row, ts, False)
+                    idx[key] = (blk.id, rows[row], ts, False)
                     if blk.id not in by_id:
                         by_id[blk.id] = blk
                     if e is None:  # a flushed row's key (pruned): prune it again later
