@@ -114,7 +114,7 @@ class TableMemory(Protocol):
 
     def index_commit(
         self,
-        inserts: list[tuple[Any, BlockNode, int]],
+        inserts: list[tuple[Any, int, BlockNode, int, int]],
         deletes: list[tuple[Any, BlockNode, int]],
         ts: int,
     ) -> None: ...

@@ -183,21 +183,27 @@ class TableData:
     # -- index ------------------------------------------------------------------
     def index_commit(
         self,
-        inserts: list[tuple[Any, BlockNode, int]],
+        inserts: list[tuple[Sequence[Any], int, BlockNode, int, int]],
         deletes: list[tuple[Any, BlockNode, int]],
         ts: int,
     ) -> None:
-        """Record a committing transaction's writes: its inserts in order, then its deletes.
+        """Record a committing transaction's writes: its inserts in order (ranges: keys,
+        first row in keys, block, first row in the block, count), then its deletes.
         A delete of a row whose entry was pruned (a flushed row) enters the index: later
         conflict checks must see it."""
         idx = self.index
         by_id = self.by_id
         rows = _ROWS
         with self.index_lock:
-            for key, blk, row in inserts:
-                idx[key] = (blk.id, rows[row], ts, True)
-                if blk.id not in by_id:
-                    by_id[blk.id] = blk
+            for keys, src, blk, row0, n in inserts:
+                bid = blk.id
+                if n == 1:
+                    idx[keys[src]] = (bid, rows[row0], ts, True)
+                else:
+                    for key, row in zip(keys[src : src + n], rows[row0 : row0 + n], strict=True):
+                        idx[key] = (bid, row, ts, True)
+                if bid not in by_id:
+                    by_id[bid] = blk
             for key, blk, row in deletes:
                 e = idx.get(key)
                 if e is None or (e[0] == blk.id and e[1] == row):
