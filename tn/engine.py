@@ -47,6 +47,7 @@ from tn.commit.pipeline import CommitListener, CommitPipeline
 from tn.exceptions import EngineClosedError, LogFailedError, ValidationError
 from tn.logstore.driver import LogStore
 from tn.memtable.block import DroppedCols
+from tn.memtable.columns import column_arrays
 from tn.replay import replay
 from tn.txn.clock import LOGICAL_BITS, HybridClock
 from tn.txn.rows import ARROW_TYPES, arrow_schema
@@ -221,13 +222,15 @@ def read_table(
                 else:
                     chunks[i].append(arr.filter(pmask).cast(typ))
             continue
+        wanted = {c.column_id for c in schema.columns}
+        held = column_arrays({cid: c for cid, c in cols.items() if cid in wanted}, n)
         for i, c in enumerate(schema.columns):
-            col = cols.get(c.column_id)
+            arr = held.get(c.column_id)
             typ = ARROW_TYPES[c.type]
-            if col is None:
+            if arr is None:
                 chunks[i].append(pa.nulls(k, typ))
             else:
-                chunks[i].append(pa.array(col[:n], type=typ).filter(pmask))
+                chunks[i].append(arr.filter(pmask).cast(typ))
     arrays = [
         pa.chunked_array(ch, type=f.type) if ch else pa.chunked_array([], type=f.type)
         for ch, f in zip(chunks, target, strict=True)

@@ -12,7 +12,6 @@ commit ts is ABORTED_TS (never visible), so offsets match.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from itertools import count, repeat
 from typing import Any
 
 from schemas.arrow_ipc import ipc_to_table
@@ -47,7 +46,7 @@ def apply_entry(cat: Catalog, entry: WalEntry) -> int:
     cts = entry.txn.commit_ts
     max_id = 0
     # per table: its inserts and its deletes, as `index_commit` takes them
-    changed: dict[TableNode, tuple[list[tuple[Any, BlockNode, int]], list[Any]]] = {}
+    changed: dict[TableNode, tuple[list[Any], list[Any]]] = {}
     for cmd in entry.commands:
         if isinstance(cmd, UpdateCatalog):
             d = cmd.dest
@@ -66,11 +65,7 @@ def apply_entry(cat: Catalog, entry: WalEntry) -> int:
                 t.mem.place(
                     blk, info.dest_offset, cols, info.src_offset, info.src_length, cts, ABORTED_TS
                 )
-                src, dst = info.src_offset, info.dest_offset
-                if info.src_length == 1:
-                    ins.append((keys[src], blk, dst))
-                else:
-                    ins.extend(zip(keys[src : src + info.src_length], repeat(blk), count(dst)))
+                ins.append((keys, info.src_offset, blk, info.dest_offset, info.src_length))
         elif isinstance(cmd, Delete):
             t = _node(cat, cmd.dest.table_id, TableNode)
             blk = _node(cat, cmd.dest.block_id, BlockNode)

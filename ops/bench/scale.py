@@ -151,6 +151,8 @@ def _diag(eng: Any, t: Any) -> dict[str, Any]:
         "blocks": len(mem.blocks) if mem is not None else -1,
         "unflushed_blocks": len(unflushed),
         "unflushed_rows": sum(len(b.mem) for b in unflushed),
+        "unflushed_array_mb": round(sum(b.mem.nbytes() for b in unflushed) / 2**20, 1),
+        "unpruned_blocks": len(mem.unpruned) if mem is not None else -1,
         "filters": len(fl) if fl is not None else -1,
         "filter_mb": round(fl.bits.nbytes / 2**20, 2) if fl is not None else -1,
         "caches": {k: len(v) for k, v in caches.items()},

@@ -161,13 +161,16 @@ def _new_block_mem(
     mem = blk.mem
     pad = BLOCK_ROWS - len(keys)
     if reader is None:  # no object reader (an engine without checkpoints): in memory
-        mem.cts = list(cts) + [ABORTED_TS] * pad
-        mem.dts = [MAX_TS] * BLOCK_ROWS
-        mem.cols = DroppedCols(loc, {pk: list(keys) + [None] * pad})
+        mem.load(
+            np.array(list(cts) + [ABORTED_TS] * pad, dtype=np.int64),
+            np.full(BLOCK_ROWS, MAX_TS, dtype=np.int64),
+            DroppedCols(loc, {pk: list(keys) + [None] * pad}, n=BLOCK_ROWS),
+        )
         return
     mem.flush(reader, loc, "", pk, override, n=BLOCK_ROWS)
     mem.cts._present = len(keys)
-    t.mem.register_flushed(blk, KeyFilter.build(keys, filter_bits(BLOCK_ROWS, reader.bits_per_key)))
+    flt = KeyFilter.build(keys, filter_bits(BLOCK_ROWS, reader.bits_per_key))
+    t.mem.register_flushed(blk, flt, keys=list(keys))  # the next prune drops the entries
 
 
 def _rewrite(

@@ -30,6 +30,7 @@ from infra.objectstore import ObjectStore
 from schemas.logtail import COMMIT_TS, ROW_ID
 from schemas.wal import ColumnDef
 from tn.catalog.nodes import ABORTED_TS, MAX_TS, BlockNode, TableNode
+from tn.memtable.flushed import DroppedCols
 from tn.memtable.pk_filter import KeyFilter
 from tn.txn.rows import ARROW_TYPES
 
@@ -51,14 +52,18 @@ def table_columns(t: TableNode, ts: int) -> list[tuple[str, ColumnDef]]:
     return out
 
 
-def block_snapshot(blk: BlockNode) -> tuple[int, list[int], list[int], dict[int, list[Any]]]:
-    """A consistent (row count, cts, dts, cols) copy of the block's current state."""
+def block_snapshot(blk: BlockNode) -> tuple[int, np.ndarray, np.ndarray, dict[int, pa.Array]]:
+    """A consistent (row count, cts, dts, columns) copy of the block's current state (rows
+    below the count never change: the columns' arrays are not copied)."""
     mem = blk.mem
     t = blk.segment.table
     with t.mem.lock:
         n = len(mem)
+        cts = np.array(mem.cts[:n], dtype=np.int64)
+        dts = np.array(mem.dts[:n], dtype=np.int64)
         cols = mem.cols
-        return n, mem.cts[:n], mem.dts[:n], {cid: c[:n] for cid, c in cols.items()}
+    held = {} if isinstance(cols, DroppedCols) and cols.reader is not None else mem.arrays(n)
+    return n, cts, dts, held
 
 
 def dump_data(
@@ -66,10 +71,9 @@ def dump_data(
 ) -> tuple[pa.Table, bool]:
     """The block's rows with commit ts <= t1; and whether that is every row it will ever
     have (full block, nothing pending)."""
-    from tn.memtable.block import BLOCK_ROWS, DroppedCols
+    from tn.memtable.block import BLOCK_ROWS
 
-    n, cts, _, cols = block_snapshot(blk)
-    cts_a = np.array(cts, dtype=np.int64)
+    n, cts_a, _, cols = block_snapshot(blk)
     sel = np.nonzero(cts_a <= t1)[0]
     complete = n == BLOCK_ROWS and bool(np.all((cts_a <= t1) | (cts_a >= ABORTED_TS)))
     if isinstance(blk.mem.cols, DroppedCols):
@@ -90,7 +94,7 @@ def dump_data(
         if c.column_id in arrays:
             data.append(arrays[c.column_id].take(idx).cast(typ))
         elif c.column_id in cols:
-            data.append(pa.array(cols[c.column_id], type=typ).take(idx))
+            data.append(cols[c.column_id].take(idx).cast(typ))
         else:
             data.append(pa.nulls(len(sel), typ))
     schema = pa.schema(fields, metadata={COLUMNS_META: json.dumps(mapping).encode()})
@@ -98,8 +102,7 @@ def dump_data(
 
 
 def dump_delta(blk: BlockNode, t1: int) -> pa.Table:
-    n, _, dts, _ = block_snapshot(blk)
-    dts_a = np.array(dts, dtype=np.int64)
+    n, _, dts_a, _ = block_snapshot(blk)
     sel = np.nonzero(dts_a <= t1)[0]
     return pa.table(
         {

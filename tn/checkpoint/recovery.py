@@ -31,6 +31,7 @@ from tn.checkpoint.runner import CheckpointRunner, Touched
 from tn.engine import Engine
 from tn.logstore.driver import LogStore
 from tn.memtable.block import BLOCK_ROWS, DroppedCols, MemBlock
+from tn.memtable.columns import new_column
 from tn.replay import apply_entry
 
 _MASK = (1 << 16) - 1
@@ -205,18 +206,19 @@ def load_block(blk: BlockNode, store: ObjectStore, *, columns: bool, cts_overrid
         delta = from_parquet(store.get(blk.delta_loc))
         doffs = np.asarray(delta.column(ROW_ID).to_numpy(), dtype=np.int64) & _MASK
         dts[doffs] = delta.column(COMMIT_TS).to_numpy()
-    mem = blk.mem
-    mem.cts = cts.tolist()
-    mem.dts = dts.tolist()
-    cols: dict[int, list[Any]] = {}
+    types = t.mem.column_types()
+    cols: dict[int, Any] = {}
     for name, cid in ids.items():
         if not columns and cid != pk_cid:
             continue
-        col: list[Any] = [None] * n
-        for o, v in zip(offs.tolist(), data.column(name).to_pylist(), strict=True):
-            col[o] = v
+        arr = data.column(name)
+        vals: list[Any] = [None] * n
+        for o, v in zip(offs.tolist(), arr.to_pylist(), strict=True):
+            vals[o] = v
+        col = new_column(types.get(cid, arr.type))
+        col.put(0, vals, 0, n)
         cols[cid] = col
-    mem.cols = cols if columns else DroppedCols(blk.meta_loc, cols)
+    blk.mem.load(cts, dts, cols if columns else DroppedCols(blk.meta_loc, cols, n=n))
 
 
 def rebuild_index(t: TableNode) -> None:
@@ -228,10 +230,13 @@ def rebuild_index(t: TableNode) -> None:
         if blk.delete_ts != MAX_TS or blk.mem.flushed:
             continue  # flushed blocks' keys are found through their filters
         mem = blk.mem
-        keys = mem.cols.get(pk_cid)
-        if keys is None:
+        col = mem.cols.get(pk_cid)
+        if col is None:
             continue
-        for row, (c, d) in enumerate(zip(mem.cts, mem.dts, strict=False)):
+        n = len(mem)
+        keys = col[:n]
+        cts, dts = mem.cts[:n].tolist(), mem.dts[:n].tolist()
+        for row, (c, d) in enumerate(zip(cts, dts, strict=True)):
             if c >= ABORTED_TS:
                 continue
             k = keys[row]

@@ -432,7 +432,8 @@ def drop_block_memory(blk: BlockNode, store: ObjectStore | None = None, eng: Any
         with t.mem.lock:
             cols = mem.cols
             if not isinstance(cols, DroppedCols):
-                mem.cols = DroppedCols(blk.meta_loc, {pk: cols.get(pk, [])})
+                kept = {pk: cols[pk]} if pk in cols else {}
+                mem.cols = DroppedCols(blk.meta_loc, kept, n=len(mem))
         return []
     n = len(mem)
     keys = mem.cols.get(pk, [])[:n]
@@ -446,7 +447,7 @@ def drop_block_memory(blk: BlockNode, store: ObjectStore | None = None, eng: Any
     vis = getattr(eng.pipeline, "_vis", None)
     with t.mem.lock, (vis if vis is not None else contextlib.nullcontext()):
         mem.flush(reader, blk.meta_loc, blk.delta_loc, pk, n=n)
-    t.mem.register_flushed(blk, flt)
+    t.mem.register_flushed(blk, flt, keys=present)  # the next prune drops their entries
     return [pk_loc]
 
 

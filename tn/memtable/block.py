@@ -1,85 +1,159 @@
-"""An in-memory block: at most BLOCK_ROWS rows in columnar Python lists.
+"""An in-memory block: at most BLOCK_ROWS rows, as arrays (tn.memtable.columns).
 
-Once flushed (`flush`: a checkpoint dumped every row it will ever hold), the lists
+Once flushed (`flush`: a checkpoint dumped every row it will ever hold), the arrays
 give way to views over its objects (tn.memtable.flushed): no per-row Python object
-stays in memory.
+stays in memory, and none was ever made (docs/memory.md).
 
 Per row: the commit ts of the transaction that appended it (`cts`; MAX_TS while
 uncommitted, ABORTED_TS after an abort) and its delete ts (`dts`; MAX_TS while
-not deleted): the delete mask with timestamps. A row is visible at ts iff
-``cts[i] <= ts < dts[i]``. Columns are keyed by column id (stable across alter
-table); a column the block has not seen yet reads as nulls.
+not deleted): the delete mask with timestamps, two int64 arrays of BLOCK_ROWS
+preallocated at the first row; `cts` / `dts` are views of rows [0, len). A row is
+visible at ts iff ``cts[i] <= ts < dts[i]``. Columns are keyed by column id (stable
+across alter table); a column the block has not seen yet reads as nulls.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 
 from tn.catalog.nodes import ABORTED_TS, MAX_TS
+from tn.memtable.columns import BLOCK_ROWS, Column, infer_type, new_column
 from tn.memtable.flushed import DroppedCols, FlushedDts, FlushedTs, ObjectRows, loc_ts
 
 __all__ = ["BLOCK_ROWS", "DroppedCols", "MemBlock"]
 
-BLOCK_ROWS = 8192
+_NONE: Mapping[int, pa.DataType] = {}
+_EMPTY = np.zeros(0, dtype=np.int64)
+_EMPTY.flags.writeable = False
 
 
 class MemBlock:
-    __slots__ = ("cols", "cts", "dts")
+    __slots__ = ("cols", "_cts", "_dts", "n")
 
     def __init__(self) -> None:
-        self.cols: dict[int, list[Any]] = {}
-        # lists while in memory; FlushedTs / FlushedDts once flushed (same indexing)
-        self.cts: Any = []
-        self.dts: Any = []
+        self.cols: dict[int, Any] = {}  # column id -> Column; DroppedCols once flushed
+        # int64 arrays of BLOCK_ROWS (None until the first row); FlushedTs / FlushedDts
+        # once flushed (same indexing)
+        self._cts: Any = None
+        self._dts: Any = None
+        self.n = 0  # rows written; published last by a write (readers go by it)
 
     def __len__(self) -> int:
-        return len(self.cts)
+        return self.n
+
+    @property
+    def cts(self) -> Any:
+        """Commit ts of rows [0, len): a view (writable: the pipeline sets them)."""
+        c = self._cts
+        if c is None:
+            return _EMPTY
+        return c[: self.n] if isinstance(c, np.ndarray) else c
+
+    @property
+    def dts(self) -> Any:
+        """Delete ts of rows [0, len): a view (writable: deletes set them)."""
+        d = self._dts
+        if d is None:
+            return _EMPTY
+        return d[: self.n] if isinstance(d, np.ndarray) else d
 
     @property
     def free(self) -> int:
-        return BLOCK_ROWS - len(self.cts)
+        return BLOCK_ROWS - self.n
 
-    def write(self, columns: dict[int, list[Any]], src: int, n: int, cts: int) -> int:
-        """Append rows [src, src+n) of `columns` with commit ts `cts`; returns the first row
-        offset. The caller holds the table lock."""
-        start = len(self.cts)
+    def _arrays(self) -> None:
+        if self._cts is None:
+            self._cts = np.full(BLOCK_ROWS, ABORTED_TS, dtype=np.int64)
+            self._dts = np.full(BLOCK_ROWS, MAX_TS, dtype=np.int64)
+
+    def column(
+        self, cid: int, values: Any, types: Mapping[int, pa.DataType] | Callable[[int], Any]
+    ) -> Column | None:
+        """Column cid, made (all null so far) at its first value; None while it has none
+        and its type is unknown."""
+        col = self.cols.get(cid)
+        if col is None:
+            typ = types(cid) if callable(types) else types.get(cid)
+            if typ is None:
+                typ = infer_type(values)
+                if typ is None:
+                    return None
+            col = self.cols[cid] = new_column(typ)
+        return col
+
+    def write(
+        self,
+        columns: Mapping[int, Any],
+        src: int,
+        n: int,
+        cts: int,
+        types: Mapping[int, pa.DataType] | Callable[[int], Any] = _NONE,
+    ) -> int:
+        """Append rows [src, src+n) of `columns` (column id -> Python values; `types`:
+        column id -> Arrow type) with commit ts `cts`; returns the first row offset.
+        The caller holds the table lock."""
+        start = self.n
+        if start + n > BLOCK_ROWS:
+            raise ValueError(f"append beyond {BLOCK_ROWS} rows")
+        self._arrays()
+        self.put(start, columns, src, n, types)
+        if n == 1:
+            self._cts[start] = cts
+            self._dts[start] = MAX_TS
+        else:
+            self._cts[start : start + n] = cts
+            self._dts[start : start + n] = MAX_TS
+        self.n = start + n  # last: readers see complete rows only
+        return start
+
+    def put(
+        self,
+        at: int,
+        columns: Mapping[int, Any],
+        src: int,
+        n: int,
+        types: Mapping[int, pa.DataType] | Callable[[int], Any] = _NONE,
+    ) -> None:
+        """Rows [at, at+n) of every column in `columns` (their ts are the caller's)."""
         cols = self.cols
         for cid, values in columns.items():
             col = cols.get(cid)
             if col is None:
-                col = cols[cid] = [None] * start
-            if n == 1:
-                col.append(values[src])
-            else:
-                col.extend(values[src : src + n])
-        if len(columns) != len(cols):
-            pad = [None] * n
-            for cid, col in cols.items():
-                if cid not in columns:
-                    col.extend(pad)
-        if n == 1:
-            self.cts.append(cts)
-            self.dts.append(MAX_TS)
-        else:
-            self.cts.extend([cts] * n)
-            self.dts.extend([MAX_TS] * n)
-        return start
+                col = self.column(cid, values[src : src + n], types)
+                if col is None:
+                    continue  # nulls so far, type unknown: read as nulls
+            col.put(at, values, src, n)
 
     def pad(self, n: int, cts: int) -> None:
         """Append n placeholder rows (replay: rows of transactions that never committed)."""
         self.write({}, 0, n, cts)
 
     def set_cts(self, start: int, n: int, ts: int) -> None:
+        c = self._cts
+        if not isinstance(c, np.ndarray):
+            raise TypeError("a flushed block's rows are final: its commit ts cannot change")
         if n == 1:
-            self.cts[start] = ts
+            c[start] = ts
         else:
-            self.cts[start : start + n] = [ts] * n
+            c[start : start + n] = ts
+
+    def load(self, cts: np.ndarray, dts: np.ndarray, cols: dict[int, Any]) -> None:
+        """The block's rows from its objects (recovery of a block not complete at the
+        checkpoint; compaction without an object reader): len(cts) rows."""
+        n = len(cts)
+        self._arrays()
+        self._cts[:n] = cts
+        self._dts[:n] = dts
+        self.cols = cols
+        self.n = n
 
     @property
     def flushed(self) -> bool:
-        return isinstance(self.cts, FlushedTs)
+        return isinstance(self._cts, FlushedTs)
 
     def flush(
         self,
@@ -99,9 +173,9 @@ class MemBlock:
         if self.flushed:
             return
         if n is None:
-            n = len(self.cts)
-        cts = np.asarray(self.cts[:n], dtype=np.int64) if n else np.zeros(0, np.int64)
-        dts = np.asarray(self.dts[:n], dtype=np.int64) if n else np.zeros(0, np.int64)
+            n = self.n
+        cts = np.asarray(self.cts[:n], dtype=np.int64)
+        dts = np.asarray(self.dts[:n], dtype=np.int64)
         base = loc_ts(delta_loc)
         late = np.nonzero((dts != MAX_TS) & (dts > base))[0]
         recent = dict(zip(late.tolist(), dts[late].tolist(), strict=True))
@@ -111,13 +185,29 @@ class MemBlock:
         # (small objects that outlive the rows around them keep their pools)
         n = BLOCK_ROWS if n == BLOCK_ROWS else n
         present = BLOCK_ROWS if present == BLOCK_ROWS else present
-        self.cts = FlushedTs(reader, loc, n, override, present)
-        self.dts = FlushedDts(reader, delta_loc, n, recent)
         self.cols = DroppedCols(loc, pk_cid=pk, reader=reader, n=n)
+        self._dts = FlushedDts(reader, delta_loc, n, recent)
+        self._cts = FlushedTs(reader, loc, n, override, present)
+        self.n = n
 
     def visible_mask(self, ts: int, n: int) -> np.ndarray:
         """Boolean mask of the first n rows: visible at ts. n must come from a consistent
-        snapshot (`TableData.block_rows`): `write` extends cts and dts one after the other."""
-        cts = np.array(self.cts[:n], dtype=np.int64)
-        dts = np.array(self.dts[:n], dtype=np.int64)
+        snapshot (`TableData.block_rows`)."""
+        cts = np.asarray(self.cts[:n], dtype=np.int64)
+        dts = np.asarray(self.dts[:n], dtype=np.int64)
         return (cts <= ts) & (dts > ts)
+
+    def nbytes(self) -> int:
+        """Bytes of the arrays the block holds in memory (0 once flushed)."""
+        if not isinstance(self._cts, np.ndarray):
+            return 0
+        held = self._cts.nbytes + self._dts.nbytes
+        for c in list(self.cols.values()):
+            held += getattr(c, "nbytes", 0)
+        return int(held)
+
+    def arrays(self, n: int) -> dict[int, pa.Array]:
+        """Rows [0, n) of the columns held in memory, as Arrow arrays by column id."""
+        from tn.memtable.columns import column_arrays
+
+        return column_arrays(self.cols, n)

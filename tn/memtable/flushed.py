@@ -23,6 +23,7 @@ from typing import Any, Protocol, overload
 import numpy as np
 
 from tn.catalog.nodes import ABORTED_TS, MAX_TS, BlockNode
+from tn.memtable.columns import FixedColumn, VarColumn
 from tn.memtable.pk_filter import KeyFilter, key_hashes, positions
 
 _NO_BITS = np.zeros(0, dtype=bool)
@@ -92,6 +93,8 @@ class DroppedCols(dict[int, list[Any]]):
         got = self.get(cid)
         if got is None:
             raise KeyError(cid)
+        if isinstance(got, (FixedColumn, VarColumn)):  # kept without an object reader
+            return got[: self.n]
         return got.tolist() if hasattr(got, "tolist") else list(got)
 
 

@@ -26,7 +26,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 
+from schemas.arrow_ipc import ARROW_TYPES
 from tn.catalog.nodes import ABORTED_TS, MAX_TS, BlockNode, SegmentNode, TableNode
 from tn.memtable.block import BLOCK_ROWS, MemBlock
 from tn.memtable.flushed import DroppedCols, FlushedKeys, ObjectRows
@@ -34,6 +36,11 @@ from tn.memtable.pk_filter import KeyFilter, filter_bits
 
 SEGMENT_BLOCKS = 16
 PRUNE_CHUNK = 20_000  # index entries dropped per hold of index_lock
+
+# the row offsets as shared int objects: an index entry holds one of these, not an int
+# of its own made by the transaction (small objects that outlive a checkpoint interval
+# keep the allocator's pools: docs/memory.md)
+_ROWS = tuple(range(BLOCK_ROWS))
 
 # (block, first row in block, first row in batch, row count)
 Range = tuple[BlockNode, int, int, int]
@@ -52,6 +59,8 @@ class TableData:
         "open_block",
         "_alloc",
         "table",
+        "_types",
+        "unpruned",
     )
 
     def __init__(
@@ -72,19 +81,38 @@ class TableData:
         self.open_block: BlockNode | None = None
         self._alloc = alloc_id
         self.table: TableNode | None = None  # set by the catalog
+        self._types: tuple[int, dict[int, pa.DataType]] = (-1, {})
+        # flushed blocks whose keys may still have index entries (block id -> those
+        # keys): what `prune` looks at, instead of the whole index
+        self.unpruned: dict[int, Any] = {}
+
+    def column_types(self) -> dict[int, pa.DataType]:
+        """column id -> Arrow type, over every schema the table has had."""
+        t = self.table
+        if t is None:
+            return {}
+        seen, types = self._types
+        if seen != len(t.schemas):
+            types = {}
+            for _, schema in t.schemas:
+                for c in schema.columns:
+                    types[c.column_id] = ARROW_TYPES[c.type]
+            self._types = (len(t.schemas), types)
+        return types
 
     # -- live appends -------------------------------------------------------
     def append(self, columns: dict[int, list[Any]], n: int, cts: int) -> list[Range]:
         """Append n rows (as uncommitted, `cts` = MAX_TS) and return where they landed."""
         out: list[Range] = []
         src = 0
+        types = self.column_types()
         with self.lock:
             while src < n:
                 blk = self.open_block
                 if blk is None or blk.mem.free == 0:
                     blk = self._new_block()
                 take = min(n - src, blk.mem.free)
-                start = blk.mem.write(columns, src, take, cts)
+                start = blk.mem.write(columns, src, take, cts, types)
                 out.append((blk, start, src, take))
                 src += take
         return out
@@ -141,18 +169,11 @@ class TableData:
             end = offset + n
             if len(mem) < end:
                 mem.pad(end - len(mem), hole_ts)
-            cts_list = mem.cts
-            for i in range(offset, end):
-                if cts_list[i] != hole_ts:
-                    raise ValueError(f"block {blk.id}: row {i} is already taken")
-            size = len(mem)
-            for cid, values in columns.items():
-                col = mem.cols.get(cid)
-                if col is None:
-                    col = mem.cols[cid] = [None] * size
-                col[offset:end] = values[src : src + n]
-            for i in range(offset, end):
-                cts_list[i] = cts
+            taken = np.nonzero(mem.cts[offset:end] != hole_ts)[0]
+            if len(taken):
+                raise ValueError(f"block {blk.id}: row {offset + int(taken[0])} is already taken")
+            mem.put(offset, columns, src, n, self.column_types())
+            mem.set_cts(offset, n, cts)
 
     def block_rows(self) -> list[tuple[BlockNode, int]]:
         """Snapshot of (block, row count) for readers."""
@@ -162,26 +183,35 @@ class TableData:
     # -- index ------------------------------------------------------------------
     def index_commit(
         self,
-        inserts: list[tuple[Any, BlockNode, int]],
+        inserts: list[tuple[Sequence[Any], int, BlockNode, int, int]],
         deletes: list[tuple[Any, BlockNode, int]],
         ts: int,
     ) -> None:
-        """Record a committing transaction's writes: its inserts in order, then its deletes.
+        """Record a committing transaction's writes: its inserts in order (ranges: keys,
+        first row in keys, block, first row in the block, count), then its deletes.
         A delete of a row whose entry was pruned (a flushed row) enters the index: later
         conflict checks must see it."""
         idx = self.index
         by_id = self.by_id
+        rows = _ROWS
         with self.index_lock:
-            for key, blk, row in inserts:
-                idx[key] = (blk.id, row, ts, True)
-                if blk.id not in by_id:
-                    by_id[blk.id] = blk
+            for keys, src, blk, row0, n in inserts:
+                bid = blk.id
+                if n == 1:
+                    idx[keys[src]] = (bid, rows[row0], ts, True)
+                else:
+                    for key, row in zip(keys[src : src + n], rows[row0 : row0 + n], strict=True):
+                        idx[key] = (bid, row, ts, True)
+                if bid not in by_id:
+                    by_id[bid] = blk
             for key, blk, row in deletes:
                 e = idx.get(key)
                 if e is None or (e[0] == blk.id and e[1] == row):
-                    idx[key] = (blk.id, row, ts, False)
+                    idx[key] = (blk.id, rows[row], ts, False)
                     if blk.id not in by_id:
                         by_id[blk.id] = blk
+                    if e is None:  # a flushed row's key (pruned): prune it again later
+                        self.unpruned.setdefault(blk.id, []).append(key)
 
     def pk_cid(self) -> int:
         assert self.table is not None
@@ -246,38 +276,59 @@ class TableData:
                         best[key] = e
         return best
 
-    def register_flushed(self, blk: BlockNode, flt: KeyFilter | None = None) -> None:
+    def register_flushed(
+        self, blk: BlockNode, flt: KeyFilter | None = None, keys: Any = None
+    ) -> None:
         """blk is flushed (its rows are views over its objects): find its keys through its
-        filter from now on."""
+        filter from now on. `keys`: the keys index entries may point at blk with (the
+        next `prune` drops those entries)."""
         self.flushed.register(blk, flt)
+        if keys is not None and len(keys):
+            with self.index_lock:
+                had = self.unpruned.get(blk.id)
+                self.unpruned[blk.id] = keys if had is None else list(had) + list(keys)
 
     def prune(self, upto: int) -> int:
         """Drop the index entries of flushed rows written at or before `upto` (the caller
         passes min(checkpoint ts, oldest active StartTS)): lookups find them through the
-        flushed blocks. Returns how many were dropped."""
+        flushed blocks. Only the keys of blocks flushed since (`unpruned`: their keys,
+        and the keys of flushed rows deleted since) are looked at, not the whole index;
+        an entry newer than `upto` stays for the next prune. Returns how many were
+        dropped."""
         idx = self.index
         registered = self.flushed
-        # the blocks whose entries may go: flushed, and their keys behind a filter (or
-        # the block replaced: lookups skip it)
-        ok = {
-            bid
-            for bid, b in list(self.by_id.items())
-            if b.mem.flushed
-            and (bid in registered.slot_of or bid in registered.pending or b.delete_ts != MAX_TS)
-        }
-        # candidates from a copy (every writer holds index_lock), checked again under
-        # the lock (an entry is replaced, never changed): the pipeline waits for the
-        # copy and the deletions, not the scan
         with self.index_lock:
-            snap = idx.copy()
-        gone = [(k, e) for k, e in snap.items() if e[2] <= upto and e[0] in ok]
-        del snap
+            work = list(self.unpruned.items())
         dropped = 0
-        for i in range(0, len(gone), PRUNE_CHUNK):  # commits go on between chunks
+        for bid, keys in work:
+            # flushed, and its keys behind a filter (or the block replaced: lookups skip it)
+            b = self.by_id.get(bid)
+            if b is None or not (
+                b.mem.flushed
+                and (bid in registered.slot_of or bid in registered.pending or b.delete_ts != MAX_TS)
+            ):
+                continue
+            klist = keys.tolist() if isinstance(keys, np.ndarray) else list(keys)
+            kept: list[Any] = []
+            for i in range(0, len(klist), PRUNE_CHUNK):  # commits go on between chunks
+                with self.index_lock:
+                    for k in klist[i : i + PRUNE_CHUNK]:
+                        e = idx.get(k)
+                        if e is None or e[0] != bid:
+                            continue  # pruned already, or newer: in another block
+                        if e[2] <= upto:
+                            del idx[k]
+                            dropped += 1
+                        else:
+                            kept.append(k)
             with self.index_lock:
-                for k, e in gone[i : i + PRUNE_CHUNK]:
-                    if idx.get(k) is e:
-                        del idx[k]
-                        dropped += 1
-        registered.forget_deleted(upto)
+                now = self.unpruned.get(bid)
+                if now is keys:
+                    if kept:
+                        self.unpruned[bid] = kept
+                    else:
+                        del self.unpruned[bid]
+                elif now is not None:  # deletes of its rows came meanwhile: keep both
+                    self.unpruned[bid] = list(now) + kept
+        self.flushed.forget_deleted(upto)
         return dropped

@@ -30,12 +30,20 @@ from schemas.wal import ColumnDef, TableSchema
 from tn.catalog.catalog import Catalog
 from tn.catalog.nodes import ABORTED_TS, MAX_TS, BlockNode, DatabaseNode, Node, TableNode
 from tn.exceptions import TnError, TxnClosedError, ValidationError
+from tn.memtable.columns import BLOCK_ROWS
 from tn.txn.rows import Batch, column_type, key_list, to_batch
 
 # Limit on the Arrow bytes one transaction may insert (bigger ones: "oversized").
 MAX_TXN_BYTES = 64 << 20
 
 Loc = tuple[Any, BlockNode, int]  # (primary key, block, row)
+# rows appended in one block: (the batch's keys, first row in the batch, block, first
+# row in the block, row count). Per range, not per row: a tuple per row that names its
+# block is one more object for the cyclic collector to walk, promoted to its oldest
+# generation while the transaction waits for its commit (docs/memory.md)
+InsertRange = tuple[Sequence[Any], int, BlockNode, int, int]
+# the transaction's own live rows: key -> block id * ROW_SLOTS + row (a plain int)
+ROW_SLOTS = BLOCK_ROWS
 
 
 class Transaction:
@@ -57,9 +65,9 @@ class Transaction:
         self._schema: dict[int, TableSchema] = {}
         self._max_cid: dict[int, int] = {}
         self.wkeys: dict[TableNode, set[Any]] = {}  # keys written per table (conflict check)
-        self.inserts: dict[TableNode, list[Loc]] = {}
+        self.inserts: dict[TableNode, list[InsertRange]] = {}
         self.deletes: dict[TableNode, list[Loc]] = {}
-        self._own_live: dict[TableNode, dict[Any, tuple[BlockNode, int]]] = {}
+        self._own_live: dict[TableNode, dict[Any, int]] = {}
         self._own_dead: dict[TableNode, set[Any]] = {}
         self.ranges: list[tuple[BlockNode, int, int]] = []  # (block, start, n) of appended rows
         self.dml_tables: set[TableNode] = set()
@@ -278,10 +286,10 @@ class Transaction:
         wk = self.wkeys.setdefault(t, set())
         for blk, row0, src, cnt in ranges:
             self.ranges.append((blk, row0, cnt))
+            ins.append((keys, src, blk, row0, cnt))
+            at = blk.id * ROW_SLOTS + row0
             for i in range(cnt):
-                k = keys[src + i]
-                own_live[k] = (blk, row0 + i)
-                ins.append((k, blk, row0 + i))
+                own_live[keys[src + i]] = at + i
         if own_dead is not None:
             own_dead.difference_update(keys)
         wk.update(keys)
@@ -322,7 +330,8 @@ class Transaction:
         )
         for k in keys:
             if own_live is not None and k in own_live:
-                blk, row = own_live.pop(k)
+                bid, row = divmod(own_live.pop(k), ROW_SLOTS)
+                blk = t.mem.by_id[bid]
             elif k in own_dead:
                 continue
             else:
