@@ -16,7 +16,7 @@ FROM_CHECKPOINT = ("auto", "always", "never")
 # kwal's decoder in a `mapInArrow` ("builtin"). The default is the faster of the two as
 # `kwal bench spark` measured them (docs/perf-spark.md).
 SOURCES = ("kwal", "builtin")
-DEFAULT_SOURCE = "kwal"
+DEFAULT_SOURCE = "builtin"
 
 
 def add_job_arguments(parser: argparse.ArgumentParser) -> None:
@@ -35,8 +35,8 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--source", choices=list(SOURCES), default=None,
         help=f"the Kafka source: kwal's own (decodes where it reads) or Spark's built-in "
-        f"kafka source (default {DEFAULT_SOURCE}; KWAL_SPARK_BUILTIN_KAFKA=1 picks builtin "
-        "when this is not given)",
+        f"kafka source (default {DEFAULT_SOURCE}; when this is not given, "
+        "KWAL_SPARK_BUILTIN_KAFKA=1 or 0 picks builtin or kwal)",
     )
     parser.add_argument("--master", help="Spark master (default: local[2] unless submitted)")
     parser.add_argument(

@@ -4,7 +4,8 @@
     spark-submit consumers/spark/job.py --tables db.t1 --output PATH --bootstrap host:port
 
 One streaming query reads the catalog topic and the tables' logtail topics through
-`consumers.spark.source.kafka_stream` (startingOffsets earliest); each micro-batch is
+`consumers.spark.source.kafka_stream` (startingOffsets earliest; Spark's built-in `kafka`
+source by default, `--source kwal` for kwal's own: docs/perf-spark.md); each micro-batch is
 written by `consumers.spark.batch_writer.BatchWriter` (its docstring numbers the steps and
 says why a batch commits exactly once); `consumers.spark.reader` reads the output back
 (state, changes, as of a commit ts).

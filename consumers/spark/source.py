@@ -32,8 +32,9 @@ timestampType int, headers array<struct<key: string, value: binary>>`.
 With `decode`, the schema is the plan's wide change-row schema
 (`consumers.spark.decode.wide_ddl`) and each record is decoded where it is read
 (`decode_all`), in the source's own Python worker: the CN job then needs no `mapInArrow`
-pass, whose extra crossing between the JVM and a second Python worker cost ~1 s per 200k
-rows on a 2-core machine.
+pass. The job's default is nevertheless Spark's built-in source (`--source`,
+docs/perf-spark.md): a Python streaming source costs a fresh Python process per query for
+its offset planning, more than the `mapInArrow` crossing the built-in one needs.
 
 Offsets are ``{topic: {"<partition>": next_offset}}`` (see `consumers.spark.offsets`).
 Partitions added to a topic while the query runs are read from their beginning.

@@ -2,15 +2,20 @@
 
 One JSON line (`ops.bench.report.emit`):
 
-- `rows_per_s`: table rows (inserts) through the job's Kafka source (`source`: kwal's own,
-  or Spark's built-in with KWAL_SPARK_BUILTIN_KAFKA=1), decoded and applied into the job's
+- `rows_per_s`: table rows (inserts) through the job's Kafka source (`source`: the job's,
+  `consumers.spark.source.requested_source`), decoded and applied into the job's
   Delta table (`sink`: "delta"; consumers.spark.delta_sink), for `--rows` rows (default
   200,000) in transactions of `--rows-per-txn` rows, on local[2], with an availableNow
   query: rows / wall time from the query's start to its end (start/stop included);
-  `batch_rows_per_s` counts only the micro-batches that carried rows;
+  `batch_rows_per_s` counts only the micro-batches that carried rows; `first_batch_s`: from
+  `start_query` to the first micro-batch's start;
+- the same for both sources, read from the same topic into Delta outputs of their own in
+  this run (the job's last): `rows_per_s_python_source` (kwal's Python Data Source),
+  `rows_per_s_builtin` (Spark's `kafka` source, kwal's decoder in `mapInArrow`), likewise
+  `batch_rows_per_s_*`, `spark_s_*`, `jvm_cpu_s_*`, and `faster` (docs/perf-spark.md);
 - `raw_rows_per_s`: one Python process consuming the same records with confluent-kafka and
   decoding each (`decode_logtail` + the Arrow batch), in the same run; `vs_raw` =
-  rows_per_s / raw_rows_per_s (target >= 0.5; `rows_per_s` target >= 30,000);
+  rows_per_s / raw_rows_per_s (target >= 0.5; `rows_per_s` target into Delta >= 100,000);
 - `latency_p50_ms` / `latency_p99_ms` / `latency_max_ms`: with a 1 s processing-time
   trigger, from a record's acknowledgement by Kafka to its commit being visible in Delta
   (the table's newest Delta version records a kwal watermark at or above the record's ts,
@@ -20,7 +25,8 @@ One JSON line (`ops.bench.report.emit`):
 Steps: (1) use the broker at `cfg.bootstrap`, or start the embedded one when nothing
 listens there (stopped at the end); (2) produce the records to a fresh table topic; (3)
 `--warmups` (`WARMUP_QUERIES`) warm-up queries doing the same work on another table (Python
-workers start, the JVM compiles its code); (4) raw; (5) Spark; (6) latency.
+workers start, the JVM compiles its code), alternating the sources; (4) raw; (5) Spark, each
+source; (6) latency, the job's source.
 """
 
 from __future__ import annotations
