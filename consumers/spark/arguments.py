@@ -11,6 +11,13 @@ import argparse
 
 FROM_CHECKPOINT = ("auto", "always", "never")
 
+# The job's Kafka source (`consumers.spark.source.kafka_stream`): kwal's own Python Data
+# Source, which decodes where it reads ("kwal"), or Spark's built-in `kafka` source with
+# kwal's decoder in a `mapInArrow` ("builtin"). The default is the faster of the two as
+# `kwal bench spark` measured them (docs/perf-spark.md).
+SOURCES = ("kwal", "builtin")
+DEFAULT_SOURCE = "builtin"
+
 
 def add_job_arguments(parser: argparse.ArgumentParser) -> None:
     """The arguments `consumers.spark.job.run` reads."""
@@ -25,6 +32,12 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--compact-interval", type=float, default=10.0,
                         help="seconds between compactions of a table's state")
     parser.add_argument("--timeout", type=float, default=0.0, help="stop after this long (0 = never)")
+    parser.add_argument(
+        "--source", choices=list(SOURCES), default=None,
+        help=f"the Kafka source: kwal's own (decodes where it reads) or Spark's built-in "
+        f"kafka source (default {DEFAULT_SOURCE}; when this is not given, "
+        "KWAL_SPARK_BUILTIN_KAFKA=1 or 0 picks builtin or kwal)",
+    )
     parser.add_argument("--master", help="Spark master (default: local[2] unless submitted)")
     parser.add_argument(
         "--from-checkpoint", default="auto", choices=list(FROM_CHECKPOINT),

@@ -4,7 +4,8 @@
     spark-submit consumers/spark/job.py --tables db.t1 --output PATH --bootstrap host:port
 
 One streaming query reads the catalog topic and the tables' logtail topics through
-`consumers.spark.source.kafka_stream` (startingOffsets earliest); each micro-batch is
+`consumers.spark.source.kafka_stream` (startingOffsets earliest; Spark's built-in `kafka`
+source by default, `--source kwal` for kwal's own: docs/perf-spark.md); each micro-batch is
 written by `consumers.spark.batch_writer.BatchWriter` (its docstring numbers the steps and
 says why a batch commits exactly once); `consumers.spark.reader` reads the output back
 (state, changes, as of a commit ts).
@@ -124,9 +125,12 @@ def start_query(
     store: ObjectStore | None = None,
     from_checkpoint: str = "auto",
     work_dir: str | Path | None = None,
+    source: str | None = None,
 ) -> Any:
     """Start the CN query (returns the StreamingQuery). `trigger`: "available-now", or a
-    processing-time interval ("1s", "500 milliseconds").
+    processing-time interval ("1s", "500 milliseconds"). `source`: the Kafka source, "kwal"
+    or "builtin" (`consumers.spark.source.choose_source`; None: the default, or
+    `KWAL_SPARK_BUILTIN_KAFKA`).
 
     A job with no progress under `output` yet starts, by `from_checkpoint`:
     - "never": from its topics' first records (full history); refused with
@@ -144,8 +148,9 @@ def start_query(
     is no `store` (TruncatedLogtailError naming the tables and offsets lost), its output
     and Spark checkpoint are discarded and it starts again from the newest checkpoint, as
     a new job would (a new horizon: reads below it are refused from then on)."""
-    from consumers.spark.source import kafka_stream
+    from consumers.spark.source import choose_source, kafka_stream
 
+    use_builtin = choose_source(spark, source) == "builtin"
     delta_output = str(output)
     work = str(work_dir or delta_output)
     for key, value in DELTA_JOB_CONF.items():  # SQL confs: a running session takes them
@@ -226,7 +231,9 @@ def start_query(
         delta_output=delta_output,
     )
     plan = writer.source_plan()
-    df = kafka_stream(spark, bootstrap, topics, decode=plan.to_json(), **options)
+    df = kafka_stream(
+        spark, bootstrap, topics, use_builtin=use_builtin, decode=plan.to_json(), **options
+    )
     writer.decoded = plan if TABLE in df.columns else None  # the built-in source does not decode
     w = df.writeStream.foreachBatch(writer).option("checkpointLocation", str(ckpt)).queryName(
         query_name(output)
@@ -432,7 +439,7 @@ def run(args: Any, cfg: Any) -> int:
     "available-now"; optional args.checkpoint, args.max_records_per_trigger, args.master,
     args.compact_interval (seconds, default 10), args.timeout (seconds, 0 = forever),
     args.from_checkpoint (auto | always | never, see `start_query`; the object store is
-    cfg's). Exit code 0, 1 when the query failed or cannot start (a truncated topic, an
+    cfg's), args.source (kwal | builtin, see `start_query`). Exit code 0, 1 when the query failed or cannot start (a truncated topic, an
     unusable checkpoint), 2 for bad arguments."""
     from infra.objectstore import open_store
 
@@ -485,6 +492,7 @@ def run(args: Any, cfg: Any) -> int:
                 store=store,
                 from_checkpoint=from_checkpoint,
                 work_dir=output,
+                source=getattr(args, "source", None),
             )
         except (TruncatedLogtailError, BootstrapError) as e:
             print(f"kwal cn spark: cannot start: {e}", file=sys.stderr)

@@ -32,8 +32,9 @@ timestampType int, headers array<struct<key: string, value: binary>>`.
 With `decode`, the schema is the plan's wide change-row schema
 (`consumers.spark.decode.wide_ddl`) and each record is decoded where it is read
 (`decode_all`), in the source's own Python worker: the CN job then needs no `mapInArrow`
-pass, whose extra crossing between the JVM and a second Python worker cost ~1 s per 200k
-rows on a 2-core machine.
+pass. The job's default is nevertheless Spark's built-in source (`--source`,
+docs/perf-spark.md): a Python streaming source costs a fresh Python process per query for
+its offset planning, more than the `mapInArrow` crossing the built-in one needs.
 
 Offsets are ``{topic: {"<partition>": next_offset}}`` (see `consumers.spark.offsets`).
 Partitions added to a topic while the query runs are read from their beginning.
@@ -76,6 +77,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
+from consumers.spark.arguments import DEFAULT_SOURCE, SOURCES
 from consumers.spark.kafka_io import EndFinder, KafkaSourceError, read_range
 from consumers.spark.offsets import (
     OffsetRange,
@@ -448,6 +450,53 @@ _BUILTIN_RENAMES = {
 _KWAL_ONLY = {"maxrecordsperpartition", "probetimeoutms", "decode"}
 
 
+def builtin_min_partitions(cores: int, topics: int) -> int:
+    """The built-in source's `minPartitions` for this source's `minPartitions` = `cores`
+    over `topics` one-partition topics. The built-in source splits offset ranges only when
+    there are fewer ranges than `minPartitions`, then each in proportion to its size: given
+    `cores` (2) for the job's catalog and table topics (2 ranges), it split nothing, and one
+    task decoded the whole table (measured: 7.5 s against 1.2 s for the other task). With
+    `cores` per topic, a topic that holds (nearly) all of a batch is split into `cores`
+    tasks or more."""
+    return max(1, cores) * max(1, topics)
+
+
+def requested_source(source: str | None = None) -> str:
+    """The job's Kafka source by name (`consumers.spark.arguments.SOURCES`): `source` when
+    given, else what `KWAL_SPARK_BUILTIN_KAFKA` asks for (1/true/yes: "builtin", 0/false/no:
+    "kwal"), else `DEFAULT_SOURCE`. ValueError naming the choices for anything else."""
+    if source is None:
+        env = os.environ.get("KWAL_SPARK_BUILTIN_KAFKA", "").strip().lower()
+        if env in ("1", "true", "yes"):
+            source = "builtin"
+        elif env in ("0", "false", "no"):
+            source = "kwal"
+        elif env:
+            raise ValueError(f"KWAL_SPARK_BUILTIN_KAFKA is 1 or 0, got {env!r}")
+        else:
+            source = DEFAULT_SOURCE
+    if source not in SOURCES:
+        raise ValueError(f"the Spark CN's source is one of {', '.join(SOURCES)}, got {source!r}")
+    return source
+
+
+def choose_source(spark: Any, source: str | None = None) -> str:
+    """The source a query on `spark` uses: `requested_source(source)`, except that
+    "builtin" falls back to "kwal" (with a warning) when the built-in source's jars are not
+    on the classpath (`consumers.spark.jars.delta_jars()` has them)."""
+    chosen = requested_source(source)
+    if chosen == "builtin" and not builtin_kafka_available(spark):
+        log.warning(
+            "built-in Kafka source requested but %s is not on the classpath "
+            "(consumers.spark.jars.delta_jars() has it: pass them as spark.jars); "
+            "using %s",
+            BUILTIN_PROVIDER_CLASS,
+            SOURCE_NAME,
+        )
+        return "kwal"
+    return chosen
+
+
 def kafka_stream(
     spark: Any,
     bootstrap: str,
@@ -460,23 +509,13 @@ def kafka_stream(
     built-in source does not decode, so a caller that passes `decode` tells the two apart
     by the DataFrame's columns.
 
-    `use_builtin=True` asks for the built-in `format("kafka")`; None reads the request from
-    the environment (`KWAL_SPARK_BUILTIN_KAFKA=1`). It is used only when its jars are on the
-    classpath, else this module's source is (with a warning). Note: the built-in source
-    trusts the broker's high watermark, so on the embedded broker it can hold back the last
-    batch of each partition until more is written; this source does not."""
+    `use_builtin=True` asks for the built-in `format("kafka")`, False for this module's;
+    None for `choose_source(spark)` (the option's default, or `KWAL_SPARK_BUILTIN_KAFKA`).
+    The built-in one is used only when its jars are on the classpath, else this module's
+    source is (with a warning)."""
     topic_list = parse_topics(topics)
-    if use_builtin is None:
-        use_builtin = os.environ.get("KWAL_SPARK_BUILTIN_KAFKA", "") in ("1", "true", "yes")
-    if use_builtin and not builtin_kafka_available(spark):
-        log.warning(
-            "built-in Kafka source requested but %s is not on the classpath "
-            "(consumers.spark.jars.delta_jars() has it: pass them as spark.jars); "
-            "using %s",
-            BUILTIN_PROVIDER_CLASS,
-            SOURCE_NAME,
-        )
-        use_builtin = False
+    requested = None if use_builtin is None else ("builtin" if use_builtin else "kwal")
+    use_builtin = choose_source(spark, requested) == "builtin"
     reader = spark.readStream
     if use_builtin:
         reader = (
@@ -488,6 +527,8 @@ def kafka_stream(
         for key, value in options.items():
             if key.lower() in _KWAL_ONLY:
                 continue
+            if key.lower() == "minpartitions":
+                value = builtin_min_partitions(int(value), len(topic_list))
             reader = reader.option(_BUILTIN_RENAMES.get(key.lower(), key), str(value))
         return reader.load()
     register(spark)

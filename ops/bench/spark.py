@@ -2,15 +2,20 @@
 
 One JSON line (`ops.bench.report.emit`):
 
-- `rows_per_s`: table rows (inserts) through the job's Kafka source (`source`: kwal's own,
-  or Spark's built-in with KWAL_SPARK_BUILTIN_KAFKA=1), decoded and applied into the job's
+- `rows_per_s`: table rows (inserts) through the job's Kafka source (`source`: the job's,
+  `consumers.spark.source.requested_source`), decoded and applied into the job's
   Delta table (`sink`: "delta"; consumers.spark.delta_sink), for `--rows` rows (default
   200,000) in transactions of `--rows-per-txn` rows, on local[2], with an availableNow
   query: rows / wall time from the query's start to its end (start/stop included);
-  `batch_rows_per_s` counts only the micro-batches that carried rows;
+  `batch_rows_per_s` counts only the micro-batches that carried rows; `first_batch_s`: from
+  `start_query` to the first micro-batch's start;
+- the same for both sources, read from the same topic into Delta outputs of their own in
+  this run (the job's last): `rows_per_s_python_source` (kwal's Python Data Source),
+  `rows_per_s_builtin` (Spark's `kafka` source, kwal's decoder in `mapInArrow`), likewise
+  `batch_rows_per_s_*`, `spark_s_*`, `jvm_cpu_s_*`, and `faster` (docs/perf-spark.md);
 - `raw_rows_per_s`: one Python process consuming the same records with confluent-kafka and
   decoding each (`decode_logtail` + the Arrow batch), in the same run; `vs_raw` =
-  rows_per_s / raw_rows_per_s (target >= 0.5; `rows_per_s` target >= 30,000);
+  rows_per_s / raw_rows_per_s (target >= 0.5; `rows_per_s` target into Delta >= 100,000);
 - `latency_p50_ms` / `latency_p99_ms` / `latency_max_ms`: with a 1 s processing-time
   trigger, from a record's acknowledgement by Kafka to its commit being visible in Delta
   (the table's newest Delta version records a kwal watermark at or above the record's ts,
@@ -20,7 +25,8 @@ One JSON line (`ops.bench.report.emit`):
 Steps: (1) use the broker at `cfg.bootstrap`, or start the embedded one when nothing
 listens there (stopped at the end); (2) produce the records to a fresh table topic; (3)
 `--warmups` (`WARMUP_QUERIES`) warm-up queries doing the same work on another table (Python
-workers start, the JVM compiles its code); (4) raw; (5) Spark; (6) latency.
+workers start, the JVM compiles its code), alternating the sources; (4) raw; (5) Spark, each
+source; (6) latency, the job's source.
 """
 
 from __future__ import annotations
@@ -180,10 +186,17 @@ def raw_decode(cfg: KwalConfig, topic: str, records: int, timeout_s: float = 120
 
 
 def _run_available_now(
-    spark: Any, cfg: KwalConfig, table: str, out: Path, timeout_s: float = 600
+    spark: Any, cfg: KwalConfig, table: str, out: Path, source: str | None = None,
+    timeout_s: float = 600,
 ) -> tuple[float, list[dict[str, Any]]]:
+    """Seconds from `start_query` to the end of an availableNow query over `table`'s topic
+    into `out` with `source`; and each micro-batch's progress (`rows`, Spark's durationMs,
+    `start_s`: its start, in seconds after `start_query` was called)."""
+    from datetime import datetime
+
     from consumers.spark.job import start_query
 
+    wall0 = time.time()
     t0 = time.perf_counter()
     q = start_query(
         spark,
@@ -192,6 +205,7 @@ def _run_available_now(
         {f"{DB}.{table}": cfg.topics.logtail(DB, table)},
         out,
         trigger="available-now",
+        source=source,
     )
     try:
         if not q.awaitTermination(timeout_s):
@@ -199,16 +213,20 @@ def _run_available_now(
         if q.exception() is not None:
             raise RuntimeError(f"bench: spark query failed: {q.exception()}")
         elapsed = time.perf_counter() - t0
-        progress = [
-            {"rows": p.get("numInputRows"), **p.get("durationMs", {})} for p in q.recentProgress
-        ]
+        progress = []
+        for p in q.recentProgress:
+            began = datetime.fromisoformat(p["timestamp"].replace("Z", "+00:00")).timestamp()
+            progress.append(
+                {"rows": p.get("numInputRows"), "start_s": round(began - wall0, 3),
+                 **p.get("durationMs", {})}
+            )
     finally:
         q.stop()
     return elapsed, progress
 
 
 def _latency(
-    spark: Any, cfg: KwalConfig, producer: Producer, work: Path, samples: int
+    spark: Any, cfg: KwalConfig, producer: Producer, work: Path, samples: int, source: str
 ) -> list[float]:
     """Commit-to-visible seconds of `samples` one-row transactions, 1 s trigger."""
     from consumers.spark.delta_sink import table_path
@@ -224,7 +242,8 @@ def _latency(
     name = f"{DB}.{table}"
     path = table_path(str(out), name)
     q = start_query(
-        spark, cfg.bootstrap, cfg.topics.catalog, {name: w.topic}, out, trigger="1s"
+        spark, cfg.bootstrap, cfg.topics.catalog, {name: w.topic}, out, trigger="1s",
+        source=source,
     )
     lat: list[float] = []
     try:
@@ -287,6 +306,51 @@ def _jvm_pid(spark: Any) -> int | None:
     return int(proc.pid) if proc is not None else None
 
 
+def _sources(spark: Any) -> list[str]:
+    """The sources to measure, the job's (`requested_source`: its default, or what
+    KWAL_SPARK_BUILTIN_KAFKA asks for) last: both, or only the one `choose_source` allows
+    when the built-in one's jars are not on the session's classpath."""
+    from consumers.spark.arguments import SOURCES
+    from consumers.spark.source import builtin_kafka_available, choose_source, requested_source
+
+    if not builtin_kafka_available(spark):
+        return [choose_source(spark)]
+    job = requested_source()
+    return [s for s in SOURCES if s != job] + [job]
+
+
+def _measure(
+    spark: Any, cfg: KwalConfig, table: str, out: Path, source: str, rows: int
+) -> dict[str, Any]:
+    """One measured availableNow query of `table` into `out` with `source`: its figures
+    (module docstring), after checking the Delta table holds every row."""
+    from consumers.spark.delta_sink import table_path
+
+    jvm = _jvm_pid(spark)
+    jvm_before = process_cpu_s(jvm) if jvm else None
+    spark_s, progress = _run_available_now(spark, cfg, table, out, source)
+    jvm_after = process_cpu_s(jvm) if jvm else None
+    if os.environ.get("KWAL_SPARK_TIMINGS"):
+        _log(f"spark ({source}) {spark_s:.3f} s; micro-batches (ms): {progress}")
+    delta = table_path(str(out), f"{DB}.{table}")
+    state_rows = spark.read.format("delta").load(delta).count()
+    if state_rows != rows:
+        raise RuntimeError(f"bench ({source}): the state holds {state_rows} rows, not {rows}")
+    carried = [p for p in progress if p.get("rows")]
+    batch_ms = sum(p.get("triggerExecution", 0) for p in carried)
+    return {
+        "rows_per_s": round(rows / spark_s),
+        "batch_rows_per_s": round(rows * 1000 / batch_ms) if batch_ms else None,
+        "spark_s": round(spark_s, 3),
+        "first_batch_s": carried[0]["start_s"] if carried else None,
+        "batches": len(carried),
+        "jvm_cpu_s": round(jvm_after - jvm_before, 2)
+        if jvm_before is not None and jvm_after is not None
+        else None,
+        "watermark": _delta_watermark(delta),
+    }
+
+
 def bench(
     spark: Any,
     cfg: KwalConfig,
@@ -315,57 +379,55 @@ def bench(
         out["produce_s"] = round(time.perf_counter() - t0, 3)
         records = txns + 1
 
-        # The warm-up queries do the same work on another table (see WARMUP_QUERIES).
+        # The warm-up queries do the same work on another table (see WARMUP_QUERIES), with
+        # each source in turn.
+        sources = _sources(spark)
         ww = _Writer(cfg, producer, warm)
         ww.create()
         for i in range(txns):
             ww.txn(min(rows_per_txn, rows - i * rows_per_txn))
         ww.flush()
         for k in range(warmups):
-            _log(f"warm-up query {k + 1}/{warmups}")
-            _run_available_now(spark, cfg, warm, work / f"warm{k}")
+            source = sources[k % len(sources)]
+            _log(f"warm-up query {k + 1}/{warmups} ({source})")
+            _run_available_now(spark, cfg, warm, work / f"warm{k}", source)
 
         _log(f"raw: {records} records")
         raw_s, raw_rows = raw_decode(cfg, w.topic, records)
         if raw_rows != rows:
             raise RuntimeError(f"bench raw: decoded {raw_rows} rows, not {rows}")
-        _log("spark")
-        jvm = _jvm_pid(spark)
-        jvm_before = process_cpu_s(jvm) if jvm else None
-        spark_s, progress = _run_available_now(spark, cfg, table, work / "run")
-        jvm_after = process_cpu_s(jvm) if jvm else None
-        if os.environ.get("KWAL_SPARK_TIMINGS"):
-            _log(f"spark {spark_s:.3f} s; micro-batches (ms): {progress}")
-        from consumers.spark.delta_sink import table_path
-
-        delta = table_path(str(work / "run"), f"{DB}.{table}")
-        state_rows = spark.read.format("delta").load(delta).count()
-        if state_rows != rows:
-            raise RuntimeError(f"bench: the state holds {state_rows} rows, not {rows}")
-        batch_ms = sum(p.get("triggerExecution", 0) for p in progress if p.get("rows"))
-        rows_per_s = rows / spark_s
         raw_rows_per_s = rows / raw_s
+        out.update(records=records, raw_rows_per_s=round(raw_rows_per_s), raw_s=round(raw_s, 3))
+        # Each source reads the same topic into a Delta output of its own; the job's
+        # default source last.
+        figures = {}
+        for source in sources:
+            _log(f"spark ({source})")
+            figures[source] = _measure(spark, cfg, table, work / f"run-{source}", source, rows)
+        job = sources[-1]
+        mine = figures[job]
         out.update(
-            records=records,
-            rows_per_s=round(rows_per_s),
-            raw_rows_per_s=round(raw_rows_per_s),
-            vs_raw=ratio(rows_per_s, raw_rows_per_s),
-            batch_rows_per_s=round(rows * 1000 / batch_ms) if batch_ms else None,
-            spark_s=round(spark_s, 3),
-            raw_s=round(raw_s, 3),
-            batches=sum(1 for p in progress if p.get("rows")),
+            rows_per_s=mine["rows_per_s"],
+            vs_raw=ratio(mine["rows_per_s"], raw_rows_per_s),
+            batch_rows_per_s=mine["batch_rows_per_s"],
+            spark_s=mine["spark_s"],
+            first_batch_s=mine["first_batch_s"],
+            batches=mine["batches"],
+            jvm_cpu_s=mine["jvm_cpu_s"],
+            watermark=mine["watermark"],
             warmups=warmups,
-            jvm_cpu_s=round(jvm_after - jvm_before, 2)
-            if jvm_before is not None and jvm_after is not None
-            else None,
-            watermark=_delta_watermark(delta),
             sink="delta",
-            source="builtin" if os.environ.get("KWAL_SPARK_BUILTIN_KAFKA", "") in (
-                "1", "true", "yes") else "kwal",
+            source=job,
         )
+        for source, name in (("kwal", "python_source"), ("builtin", "builtin")):
+            f = figures.get(source, {})
+            for key in ("rows_per_s", "batch_rows_per_s", "spark_s", "jvm_cpu_s"):
+                out[f"{key}_{name}"] = f.get(key)
+        if len(figures) == 2:
+            out["faster"] = max(figures, key=lambda k: figures[k]["rows_per_s"])
         if samples:
             _log(f"latency: {samples} samples, 1 s trigger")
-            lat = _latency(spark, cfg, producer, work, samples)
+            lat = _latency(spark, cfg, producer, work, samples, job)
             out["latency_p50_ms"] = round(percentile(lat, 50) * 1000, 1)
             out["latency_p99_ms"] = round(percentile(lat, 99) * 1000, 1)
             out["latency_max_ms"] = round(max(lat) * 1000, 1)

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from consumers.spark.arguments import DEFAULT_SOURCE
 from infra.config import KwalConfig
 from ops.bench.report import emit
 from ops.bench.spark import bench
@@ -31,4 +32,17 @@ def test_bench_spark_prints_one_json_line_with_both_sides(
     assert result["watermark"] > 0
     assert result["latency_samples"] == 2
     assert 0 < result["latency_p50_ms"] <= result["latency_p99_ms"] <= result["latency_max_ms"]
-    assert (result["sink"], result["source"]) == ("delta", "kwal")
+    assert (result["sink"], result["source"]) == ("delta", DEFAULT_SOURCE)
+    # both sources measured on the same topic in this run, the job's default reported as
+    # rows_per_s
+    named = {"kwal": "python_source", "builtin": "builtin"}
+    for name in named.values():
+        assert result[f"rows_per_s_{name}"] > 0
+        assert result[f"batch_rows_per_s_{name}"] >= result[f"rows_per_s_{name}"]
+        assert result[f"jvm_cpu_s_{name}"] > 0
+    mine = named[DEFAULT_SOURCE]
+    assert result["rows_per_s"] == result[f"rows_per_s_{mine}"]
+    assert result["spark_s"] == result[f"spark_s_{mine}"]
+    assert 0 < result["first_batch_s"] < result["spark_s"]
+    faster = max(named, key=lambda s: result[f"rows_per_s_{named[s]}"])
+    assert result["faster"] == faster
