@@ -44,12 +44,14 @@ from tests.spark.helpers import tn_rows
 TIMEOUT_S = 240
 
 SCHEMA = "__op string, __row_id long, __commit_ts long, id long, v string"
-# micro-batches of one table: (changes, watermark). Batch 1 updates id 1 (delete row 1,
-# insert row 4) and inserts and deletes row 5 inside the batch; batch 2 adds a column.
+# micro-batches of one table: (changes, watermark). Batch 1 updates id 1 at 12 (delete row 1,
+# insert row 4), inserts row 5 at 12 and deletes it at 13 (inside the batch: the MERGE
+# writes nothing of it, yet it is live at 12), deletes row 3 at 13; batch 2 adds a column.
 BATCHES: list[tuple[list[tuple[Any, ...]], int]] = [
     ([("I", 1, 10, 1, "a"), ("I", 2, 10, 2, "b"), ("I", 3, 11, 3, "c")], 11),
-    ([("D", 1, 12, None, None), ("I", 4, 12, 1, "a2"), ("I", 5, 13, 5, "e"),
-      ("D", 5, 13, None, None), ("I", 2, 10, 2, "b")], 13),  # row 2 re-delivered by the TN
+    ([("D", 1, 12, None, None), ("I", 4, 12, 1, "a2"), ("I", 5, 12, 5, "e"),
+      ("D", 5, 13, None, None), ("D", 3, 13, None, None),
+      ("I", 2, 10, 2, "b")], 13),  # row 2 re-delivered by the TN
     ([("I", 6, 14, 6, "f", 7)], 15),
 ]
 
@@ -113,14 +115,18 @@ def test_delta_state_time_travel_and_replay(spark: Any, tmp_path: Any) -> None:
         assert _spark_rows(plain) == _model(ts), f"version {version}"
         rs = deltalake.DeltaTable(path, version=version).to_pyarrow_table()
         assert _arrow_rows(rs) == _model(ts), f"delta-rs, version {version}"
-    for ts in (11, 13, 15):
+    # at the watermarks, and inside versions (the change feed + the interval changes: row 5
+    # live at 12 only, row 3 deleted at 13)
+    for ts in (11, 12, 13, 14, 15):
         assert _spark_rows(read_as_of(spark, path, ts)) == _model(ts), f"ts {ts}"
+    assert [r[0] for r in _model(12)] == [2, 3, 4, 5]
     with pytest.raises(AboveWatermarkError, match="past the watermark 15"):
         read_as_of(spark, path, 16)
 
     changes_feed = spark.sql(f"SELECT _change_type, __row_id FROM table_changes_by_path('{path}', 0)")
     assert sorted((r[0], r[1]) for r in changes_feed.collect()) == sorted(
-        [("insert", 1), ("insert", 2), ("insert", 3), ("delete", 1), ("insert", 4), ("insert", 6)]
+        [("insert", 1), ("insert", 2), ("insert", 3), ("delete", 1), ("delete", 3), ("insert", 4),
+         ("insert", 6)]
     )
 
     # a batch with no change for the table: a version that only moves the watermark
