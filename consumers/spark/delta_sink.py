@@ -12,13 +12,18 @@ so downstream jobs can stream the table's changes (`table_changes`, `readChangeF
    and deleted at most once in kwal (an UPDATE is a delete of the old row id and an insert
    of a new one), and a record the TN re-delivered repeats the same (row id, op), so
    inserted-and-deleted -> nothing, inserted -> INSERT, deleted -> DELETE;
-2. `MERGE INTO` the table on `__row_id` with Delta's idempotent-write options
+2. when the batch has deletes, append its interval changes (each delete with its own ts,
+   and the rows it both inserted and deleted) to `<path>/_kwal_changes`, with the same
+   `txnAppId`/`txnVersion` as step 3 and before it: what a read inside the version needs
+   and Delta's change feed cannot carry (`write_interval_changes`;
+   `consumers.spark.delta_reader.read_as_of`);
+3. `MERGE INTO` the table on `__row_id` with Delta's idempotent-write options
    (`txnAppId` = the job's id, `txnVersion` = the micro-batch id): Delta records the pair in
    the same commit as the data, and skips a write whose version is at or below the one it
    recorded for the app id. A batch replayed after a crash is therefore a no-op: the
    data and "batch N is in this table" commit atomically, per table (the job's
    `_progress` file only caches its decoder and catalog state: docs/delta.md);
-3. the commit's `userMetadata` is `{"kwal_watermark": ts, "kwal_batch": id, "kwal_app":
+4. the commit's `userMetadata` is `{"kwal_watermark": ts, "kwal_batch": id, "kwal_app":
    app id}`: the ts up to
    which the version reflects the TN (`consumers.spark.delta_reader` reads it for time
    travel by commit ts). A batch with no change for the table still commits (an empty
@@ -119,7 +124,7 @@ def interval_path(path: str) -> str:
 
 
 def write_interval_changes(spark: Any, path: str, changes: Any, app_id: str, batch_id: int) -> None:
-    """Step 2a: append `interval_changes(changes)` to `interval_path(path)` with column
+    """Step 2: append `interval_changes(changes)` to `interval_path(path)` with column
     `__batch` = the micro-batch id, with the same idempotent-write pair as the table's own
     commit (a replayed batch appends nothing). Written before the table's commit: whenever
     a version of the table names batch N, its interval changes are committed."""
