@@ -42,6 +42,7 @@ from tests.logtail.conftest import COLUMNS, random_steps, start_tn
 from tests.spark.helpers import tn_rows
 
 TIMEOUT_S = 240
+CATCH_UP_S = 600  # the restarted job's bound (under load a Delta commit took seconds)
 
 SCHEMA = "__op string, __row_id long, __commit_ts long, id long, v string"
 # micro-batches of one table: (changes, watermark). Batch 1 updates id 1 at 12 (delete row 1,
@@ -298,12 +299,15 @@ def test_job_killed_mid_stream_and_restarted_writes_each_row_once(
         final = tn.engine.heartbeat().result(10)
         assert tn.logtail.publisher.flush(30), tn.logtail.publisher.errors
 
-        job = _job(cfg, output, log, "available-now", "--timeout", str(TIMEOUT_S),
+        # available-now: it ends once it has read what the topics held at its start (the
+        # timeout only bounds a hang; a job stopped by it fails the watermark check below)
+        job = _job(cfg, output, log, "available-now", "--timeout", str(CATCH_UP_S),
                    *job_output.job_args())
-        job.wait(timeout=TIMEOUT_S + 60)
+        job.wait(timeout=CATCH_UP_S + 60)
         assert job.returncode == 0, _tail(log)
         prog = load_progress(work)
         assert prog is not None and prog.batch_id > killed_at
+        assert prog.watermark("db.a") >= final, f"the restarted job did not catch up: {_tail(log)}"
 
         checked = 0
         for name in JOB_TABLES:
