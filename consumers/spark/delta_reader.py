@@ -2,10 +2,22 @@
 writes them).
 
 Every version kwal commits records the watermark it reflects (`userMetadata`
-`kwal_watermark`). The TN's snapshot at a ts t up to the newest watermark is the version v
-with the largest watermark w_v <= t, exact when no kwal commit falls in (w_v, t] (the next
-version holds those). Anyone else reads the same tables with plain Delta:
-`spark.read.format("delta").option("versionAsOf", v)`, `VERSION AS OF`, `table_changes`.
+`kwal_watermark`, with `kwal_batch`, the micro-batch id). The TN's snapshot at a ts t up to
+the newest watermark (`read_as_of`):
+
+1. the version v with the largest watermark w_v <= t: when w_v == t (or v is the newest),
+   that version is the answer;
+2. else the next kwal version n (w_v < t < w_n, micro-batch b) holds every change with a
+   commit ts in (w_v, w_n]. From Delta's Change Data Feed of versions v+1..n: the inserted
+   rows with `__commit_ts` <= t (a row's `__commit_ts` is its insert's ts);
+3. from the table's interval changes (`<path>/_kwal_changes`, `__batch` = b, committed
+   before version n: `delta_sink.write_interval_changes`): the deletes with their own ts
+   <= t, and the rows b inserted with ts <= t but also deleted (the MERGE never wrote them);
+4. the answer: version v's rows + 2.'s + 3.'s rows, minus the row ids 3. deleted at or
+   before t (one row per row id).
+
+Anyone else reads the same tables with plain Delta: `spark.read.format("delta").option(
+"versionAsOf", v)`, `VERSION AS OF`, `table_changes`.
 """
 
 from __future__ import annotations
@@ -13,30 +25,75 @@ from __future__ import annotations
 from typing import Any
 
 from consumers.core.exceptions import BelowHorizonError, TableNotFoundError
-from consumers.spark.delta_sink import DROPPED_PROPERTY, watermarks
+from consumers.spark.delta_sink import (
+    BATCH_COL,
+    DELETE,
+    DROPPED_PROPERTY,
+    INSERT,
+    OP,
+    interval_path,
+    kwal_versions,
+    watermarks,
+)
+from schemas.logtail import COMMIT_TS, ROW_ID
 
 
 class AboveWatermarkError(ValueError):
     """The ts asked for is past what the Delta table reflects yet."""
 
 
-def version_as_of(spark: Any, path: str, ts: int) -> int:
-    """The Delta version of the table at `path` that is the TN's snapshot at `ts`."""
-    marks = watermarks(spark, path)
-    if not marks:
+def _versions_as_of(spark: Any, path: str, ts: int) -> tuple[tuple[int, int, int], tuple[int, int, int] | None]:
+    """The kwal version with the largest watermark <= `ts` and, when that watermark is below
+    `ts`, the next one (whose changes cover `ts`). Refuses a ts past the newest watermark
+    or before the first."""
+    versions = kwal_versions(spark, path)
+    if not versions:
         raise AboveWatermarkError(f"{path}: no kwal version committed yet")
-    if ts > marks[-1][1]:
-        raise AboveWatermarkError(f"{path}: ts {ts} is past the watermark {marks[-1][1]}")
-    at = [v for v, w in marks if w <= ts]
+    if ts > versions[-1][1]:
+        raise AboveWatermarkError(f"{path}: ts {ts} is past the watermark {versions[-1][1]}")
+    at = [i for i, (_, w, _) in enumerate(versions) if w <= ts]
     if not at:
-        raise BelowHorizonError(f"{path}: ts {ts} is before the first version (watermark {marks[0][1]})")
-    return at[-1]
+        raise BelowHorizonError(
+            f"{path}: ts {ts} is before the first version (watermark {versions[0][1]})"
+        )
+    i = at[-1]
+    return versions[i], (versions[i + 1] if versions[i][1] < ts else None)
+
+
+def version_as_of(spark: Any, path: str, ts: int) -> int:
+    """The Delta version of the table at `path` with the largest watermark <= `ts` (the TN's
+    snapshot at `ts` when its watermark is `ts`)."""
+    return _versions_as_of(spark, path, ts)[0][0]
 
 
 def read_as_of(spark: Any, path: str, ts: int) -> Any:
-    """The table's rows at kwal commit ts `ts` (a DataFrame)."""
-    version = version_as_of(spark, path, ts)
-    return spark.read.format("delta").option("versionAsOf", version).load(path)
+    """The table's rows at kwal commit ts `ts` (a DataFrame of `__row_id`, `__commit_ts`
+    and the user columns): steps in the module docstring."""
+    from delta.tables import DeltaTable
+    from pyspark.sql import functions as F
+
+    (version, _, _), following = _versions_as_of(spark, path, ts)
+    base = spark.read.format("delta").option("versionAsOf", version).load(path)
+    if following is None:
+        return base  # 1.
+    upto, _, batch = following
+    feed = (  # 2.
+        spark.read.format("delta").option("readChangeFeed", "true")
+        .option("startingVersion", version + 1).option("endingVersion", upto).load(path)
+    )
+    inserted = feed.filter((F.col("_change_type") == "insert") & (F.col(COMMIT_TS) <= ts)).drop(
+        "_change_type", "_commit_version", "_commit_timestamp"
+    )
+    rows = base.unionByName(inserted, allowMissingColumns=True)
+    changes_path = interval_path(path)
+    if DeltaTable.isDeltaTable(spark, changes_path):  # 3.
+        changes = spark.read.format("delta").load(changes_path).filter(
+            (F.col(BATCH_COL) == batch) & (F.col(COMMIT_TS) <= ts)
+        )
+        passing = changes.filter(F.col(OP) == INSERT).drop(OP, BATCH_COL)
+        deleted = changes.filter(F.col(OP) == DELETE).select(ROW_ID)
+        rows = rows.unionByName(passing, allowMissingColumns=True).join(deleted, ROW_ID, "left_anti")
+    return rows.dropDuplicates([ROW_ID])  # 4.
 
 
 def incarnation_paths(spark: Any, output: str, table: str) -> list[str]:

@@ -12,13 +12,18 @@ so downstream jobs can stream the table's changes (`table_changes`, `readChangeF
    and deleted at most once in kwal (an UPDATE is a delete of the old row id and an insert
    of a new one), and a record the TN re-delivered repeats the same (row id, op), so
    inserted-and-deleted -> nothing, inserted -> INSERT, deleted -> DELETE;
-2. `MERGE INTO` the table on `__row_id` with Delta's idempotent-write options
+2. when the batch has deletes, append its interval changes (each delete with its own ts,
+   and the rows it both inserted and deleted) to `<path>/_kwal_changes`, with the same
+   `txnAppId`/`txnVersion` as step 3 and before it: what a read inside the version needs
+   and Delta's change feed cannot carry (`write_interval_changes`;
+   `consumers.spark.delta_reader.read_as_of`);
+3. `MERGE INTO` the table on `__row_id` with Delta's idempotent-write options
    (`txnAppId` = the job's id, `txnVersion` = the micro-batch id): Delta records the pair in
    the same commit as the data, and skips a write whose version is at or below the one it
    recorded for the app id. A batch replayed after a crash is therefore a no-op: the
    data and "batch N is in this table" commit atomically, per table (the job's
    `_progress` file only caches its decoder and catalog state: docs/delta.md);
-3. the commit's `userMetadata` is `{"kwal_watermark": ts, "kwal_batch": id, "kwal_app":
+4. the commit's `userMetadata` is `{"kwal_watermark": ts, "kwal_batch": id, "kwal_app":
    app id}`: the ts up to
    which the version reflects the TN (`consumers.spark.delta_reader` reads it for time
    travel by commit ts). A batch with no change for the table still commits (an empty
@@ -48,6 +53,12 @@ WATERMARK_KEY = "kwal_watermark"
 BATCH_KEY = "kwal_batch"
 APP_KEY = "kwal_app"
 DROPPED_PROPERTY = "kwal.dropped_ts"
+# The interval changes table of a Delta table (`write_interval_changes`): nested in the
+# table's directory (Delta and delta-rs read a table's files from its log, and VACUUM skips
+# directories whose name starts with `_`), so a drop, a discard or a copy of the table takes
+# it along.
+INTERVAL_CHANGES = "_kwal_changes"
+BATCH_COL = "__batch"
 
 _TXN_APP = "spark.databricks.delta.write.txnAppId"
 _TXN_VERSION = "spark.databricks.delta.write.txnVersion"
@@ -76,19 +87,55 @@ def app_id(output: str) -> str:
     return "kwal-cn-" + hashlib.sha256(output.rstrip("/").encode()).hexdigest()[:16]
 
 
-def net_changes(changes: Any) -> Any:
-    """Step 1: one row per row id that the batch inserted or deleted but not both, with its
-    action in `__op`. `changes` has `__op` (I or D), `__row_id`, `__commit_ts` and the user
-    columns (null on deletes)."""
+def _counted(changes: Any) -> Any:
+    """The batch's inserts and deletes, one per (row id, op), with `__n`: how many of the
+    two the row id has in the batch."""
     from pyspark.sql import Window
     from pyspark.sql import functions as F
 
     rows = changes.filter(F.col(OP).isin(INSERT, DELETE)).dropDuplicates([ROW_ID, OP])
-    per_id = Window.partitionBy(ROW_ID)
-    return (
-        rows.withColumn("__n", F.count(F.lit(1)).over(per_id))
-        .filter(F.col("__n") == 1)
-        .drop("__n")
+    return rows.withColumn("__n", F.count(F.lit(1)).over(Window.partitionBy(ROW_ID)))
+
+
+def net_changes(changes: Any) -> Any:
+    """Step 1: one row per row id that the batch inserted or deleted but not both, with its
+    action in `__op`. `changes` has `__op` (I or D), `__row_id`, `__commit_ts` and the user
+    columns (null on deletes)."""
+    from pyspark.sql import functions as F
+
+    return _counted(changes).filter(F.col("__n") == 1).drop("__n")
+
+
+def interval_changes(changes: Any) -> Any:
+    """What a read inside the version needs and its Change Data Feed cannot carry: every
+    delete with its own commit ts (`__op` D, `__commit_ts` = the delete's ts, user columns
+    null; Delta's change feed gives a deleted row's preimage, whose `__commit_ts` is its
+    insert's), and the whole rows the batch both inserted and deleted (`__op` I: the MERGE
+    writes nothing of them, yet they were live in between)."""
+    from pyspark.sql import functions as F
+
+    rows = _counted(changes)
+    return rows.filter((F.col(OP) == DELETE) | (F.col("__n") == 2)).drop("__n")
+
+
+def interval_path(path: str) -> str:
+    """The interval changes table of the Delta table at `path`."""
+    return f"{path.rstrip('/')}/{INTERVAL_CHANGES}"
+
+
+def write_interval_changes(spark: Any, path: str, changes: Any, app_id: str, batch_id: int) -> None:
+    """Step 2: append `interval_changes(changes)` to `interval_path(path)` with column
+    `__batch` = the micro-batch id, with the same idempotent-write pair as the table's own
+    commit (a replayed batch appends nothing). Written before the table's commit: whenever
+    a version of the table names batch N, its interval changes are committed."""
+    from pyspark.sql import functions as F
+
+    rows = interval_changes(changes).withColumn(BATCH_COL, F.lit(int(batch_id)).cast("long"))
+    (
+        rows.write.format("delta").mode("append")
+        .option("txnAppId", app_id).option("txnVersion", batch_id)
+        .option("mergeSchema", "true")
+        .save(interval_path(path))
     )
 
 
@@ -147,6 +194,8 @@ def merge_batch(
     user_cols = [c for c in net.columns if c != OP]
     meta = json.dumps({WATERMARK_KEY: int(watermark), BATCH_KEY: int(batch_id), APP_KEY: app_id})
     creating = last < 0 and not DeltaTable.isDeltaTable(spark, path)
+    if has_changes and has_deletes:
+        write_interval_changes(spark, path, changes, app_id, batch_id)
     if creating or not has_changes:
         rows = net.filter(F.col(OP) == INSERT).select(*user_cols)
         writer = (
@@ -260,11 +309,19 @@ class _session_conf:
                 self.spark.conf.set(k, v)
 
 
+def kwal_versions(spark: Any, path: str) -> list[tuple[int, int, int]]:
+    """(Delta version, kwal watermark, micro-batch id) of every version kwal committed with
+    a watermark, oldest first."""
+    return sorted(
+        (m["version"], int(m[WATERMARK_KEY]), int(m.get(BATCH_KEY, -1)))
+        for m in _history_metadata(spark, path)
+        if WATERMARK_KEY in m
+    )
+
+
 def watermarks(spark: Any, path: str) -> list[tuple[int, int]]:
     """(Delta version, kwal watermark) of every version kwal committed, oldest first."""
-    return sorted(
-        (m["version"], int(m[WATERMARK_KEY])) for m in _history_metadata(spark, path) if WATERMARK_KEY in m
-    )
+    return [(v, w) for v, w, _ in kwal_versions(spark, path)]
 
 
 def user_columns(columns: Sequence[str]) -> list[str]:

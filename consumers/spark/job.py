@@ -483,7 +483,7 @@ def run(args: Any, cfg: Any) -> int:
                 cfg.bootstrap,
                 cfg.topics.catalog,
                 topics,
-                output,
+                delta_output,  # the Delta tables; the work dir is `output`
                 checkpoint=checkpoint,
                 trigger=trigger,
                 max_records_per_trigger=getattr(args, "max_records_per_trigger", None),

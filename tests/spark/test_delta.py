@@ -42,14 +42,17 @@ from tests.logtail.conftest import COLUMNS, random_steps, start_tn
 from tests.spark.helpers import tn_rows
 
 TIMEOUT_S = 240
+CATCH_UP_S = 600  # the restarted job's bound (under load a Delta commit took seconds)
 
 SCHEMA = "__op string, __row_id long, __commit_ts long, id long, v string"
-# micro-batches of one table: (changes, watermark). Batch 1 updates id 1 (delete row 1,
-# insert row 4) and inserts and deletes row 5 inside the batch; batch 2 adds a column.
+# micro-batches of one table: (changes, watermark). Batch 1 updates id 1 at 12 (delete row 1,
+# insert row 4), inserts row 5 at 12 and deletes it at 13 (inside the batch: the MERGE
+# writes nothing of it, yet it is live at 12), deletes row 3 at 13; batch 2 adds a column.
 BATCHES: list[tuple[list[tuple[Any, ...]], int]] = [
     ([("I", 1, 10, 1, "a"), ("I", 2, 10, 2, "b"), ("I", 3, 11, 3, "c")], 11),
-    ([("D", 1, 12, None, None), ("I", 4, 12, 1, "a2"), ("I", 5, 13, 5, "e"),
-      ("D", 5, 13, None, None), ("I", 2, 10, 2, "b")], 13),  # row 2 re-delivered by the TN
+    ([("D", 1, 12, None, None), ("I", 4, 12, 1, "a2"), ("I", 5, 12, 5, "e"),
+      ("D", 5, 13, None, None), ("D", 3, 13, None, None),
+      ("I", 2, 10, 2, "b")], 13),  # row 2 re-delivered by the TN
     ([("I", 6, 14, 6, "f", 7)], 15),
 ]
 
@@ -113,14 +116,18 @@ def test_delta_state_time_travel_and_replay(spark: Any, tmp_path: Any) -> None:
         assert _spark_rows(plain) == _model(ts), f"version {version}"
         rs = deltalake.DeltaTable(path, version=version).to_pyarrow_table()
         assert _arrow_rows(rs) == _model(ts), f"delta-rs, version {version}"
-    for ts in (11, 13, 15):
+    # at the watermarks, and inside versions (the change feed + the interval changes: row 5
+    # live at 12 only, row 3 deleted at 13)
+    for ts in (11, 12, 13, 14, 15):
         assert _spark_rows(read_as_of(spark, path, ts)) == _model(ts), f"ts {ts}"
+    assert [r[0] for r in _model(12)] == [2, 3, 4, 5]
     with pytest.raises(AboveWatermarkError, match="past the watermark 15"):
         read_as_of(spark, path, 16)
 
     changes_feed = spark.sql(f"SELECT _change_type, __row_id FROM table_changes_by_path('{path}', 0)")
     assert sorted((r[0], r[1]) for r in changes_feed.collect()) == sorted(
-        [("insert", 1), ("insert", 2), ("insert", 3), ("delete", 1), ("insert", 4), ("insert", 6)]
+        [("insert", 1), ("insert", 2), ("insert", 3), ("delete", 1), ("delete", 3), ("insert", 4),
+         ("insert", 6)]
     )
 
     # a batch with no change for the table: a version that only moves the watermark
@@ -160,7 +167,7 @@ def test_delta_on_s3a(spark: Any, s3_config: ObjectStoreConfig, s3_store: S3Stor
 
 
 def _job(
-    cfg: KwalConfig, output: Path, log: Path, trigger: str, *extra: str
+    cfg: KwalConfig, output: str | Path, log: Path, trigger: str, *extra: str
 ) -> subprocess.Popen[str]:
     """`spark-submit consumers/spark/job.py`'s entry point in a process of its own, its
     stderr (Spark's log, the job's per-batch timings) appended to `log`: a pipe nobody reads
@@ -197,58 +204,117 @@ def _user_rows(rows: list[dict[str, Any]], columns: list[str]) -> list[dict[str,
 JOB_TABLES = ["db.a", "db.b"]
 
 
+class Output:
+    """Where the kill test's job writes: its Delta tables (`delta`, a local path or an
+    s3a:// URL on the loopback S3 server) and its work directory (local), and how delta-rs
+    opens a table there."""
+
+    def __init__(self, delta: str, work: Path, rs_options: dict[str, str] | None = None) -> None:
+        self.delta, self.work, self.rs_options = delta, work, rs_options
+
+    def job_args(self) -> list[str]:
+        return ["--work-dir", str(self.work)] if self.delta != str(self.work) else []
+
+    def delta_rs(self, path: str, version: int) -> Any:
+        if self.rs_options is None:
+            return deltalake.DeltaTable(path, version=version)
+        return deltalake.DeltaTable(
+            path.replace("s3a://", "s3://", 1), version=version, storage_options=self.rs_options
+        )
+
+
+@pytest.fixture(params=["local", "s3a"])
+def job_output(request: pytest.FixtureRequest, spark: Any, kwal_config: KwalConfig, tmp_path: Path) -> Output:
+    if request.param == "local":
+        return Output(str(tmp_path / "out"), tmp_path / "out")
+    s3_config: ObjectStoreConfig = request.getfixturevalue("s3_config")
+    store: S3Store = request.getfixturevalue("s3_store")
+    store.ensure_bucket()
+    kwal_config.objectstore = s3_config  # the job's s3a:// credentials
+    configure_s3a(spark, s3_config)
+    return Output(f"s3a://{store.bucket}/{store.prefix}out", tmp_path / "work", {
+        "AWS_ENDPOINT_URL": s3_config.endpoint_url,
+        "AWS_ACCESS_KEY_ID": s3_config.access_key_id,
+        "AWS_SECRET_ACCESS_KEY": s3_config.secret_access_key,
+        "AWS_REGION": s3_config.region,
+        "AWS_ALLOW_HTTP": "true",
+    })
+
+
+def _inside(marks: list[tuple[int, int]], stamps: list[int]) -> list[int]:
+    """A ts strictly inside the first, a middle and the newest interval between two
+    versions' watermarks (a ts inside a version: `read_as_of` needs the change feed): the
+    middle kwal commit ts in it, or its midpoint where no commit fell (which intervals get
+    commits depends on how the job's batches fell; the newest always has the restart's)."""
+    gaps = list(zip(marks, marks[1:], strict=False))
+    out = set()
+    for (_, lo), (_, hi) in {gaps[0], gaps[len(gaps) // 2], gaps[-1]}:
+        inside = sorted(t for t in stamps if lo < t < hi)
+        out.add(inside[len(inside) // 2] if inside else (lo + hi) // 2)
+    return sorted(out)
+
+
 def test_job_killed_mid_stream_and_restarted_writes_each_row_once(
-    spark: Any, kwal_config: KwalConfig, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    spark: Any, kwal_config: KwalConfig, job_output: Output, tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     """The job process follows a TN under load (DML, drop and re-create of db.b, added
-    columns) into Delta, is killed with SIGKILL between or inside micro-batches, and
-    restarted: every Delta version kwal stamped, read by plain Spark and by delta-rs, equals
-    the TN at the version's watermark (no row lost, none twice), and no batch id commits
-    twice to a table (the replayed batch wrote nothing)."""
+    columns) into Delta (a local path, or s3a:// on the loopback S3 server with a local work
+    directory), is killed with SIGKILL between or inside micro-batches, and restarted: every
+    Delta version kwal stamped, read by delta-rs (the first, a middle and the newest also by
+    plain Spark), equals the TN at the version's watermark (no row lost, none twice), no
+    batch id commits twice to a table (the replayed batch wrote nothing), and `read_as_of`
+    (also through `kwal cn query --spark-output`) equals the TN at commit ts strictly
+    between two versions' watermarks."""
     cfg = kwal_config
     tn = start_tn(cfg, FolderStore(tmp_path / "objects"))
-    output = tmp_path / "out"
+    output, work = job_output.delta, job_output.work
     rng = random.Random(29)
     stamps = [tn.create("a", "b")]
     job = None
     try:
-        random_steps(tn, rng, 15, stamps)
+        random_steps(tn, rng, 10, stamps)
         assert tn.logtail.publisher.flush(30), tn.logtail.publisher.errors
         log = tmp_path / "job.log"
-        job = _job(cfg, output, log, "200 milliseconds", "--max-records-per-trigger", "40")
+        job = _job(cfg, output, log, "200 milliseconds", "--max-records-per-trigger", "40",
+                   *job_output.job_args())
         deadline = time.monotonic() + TIMEOUT_S
-        while _committed_batch(output) < 1:  # under way: more load while it runs
+        while _committed_batch(work) < 1:  # under way: more load while it runs
             assert job.poll() is None, _tail(log)
             assert time.monotonic() < deadline, f"the job committed no batch: {_tail(log)}"
-            if len(stamps) < 60:
+            if len(stamps) < 40:
                 random_steps(tn, rng, 2, stamps)
             else:  # enough load: poll the job's progress (the wait ends early if it dies)
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     job.wait(0.2)
         job.send_signal(signal.SIGKILL)
         job.wait(30)
-        killed_at = _committed_batch(output)
+        killed_at = _committed_batch(work)
 
         def recreate(t: Any) -> None:
             t.drop_table("db", "b")
             t.create_table("db", "b", COLUMNS, "id")
 
         stamps.append(tn.commit(recreate))  # the restarted job ends b's first incarnation
-        random_steps(tn, rng, 15, stamps)
+        random_steps(tn, rng, 10, stamps)
         final = tn.engine.heartbeat().result(10)
         assert tn.logtail.publisher.flush(30), tn.logtail.publisher.errors
 
-        job = _job(cfg, output, log, "available-now", "--timeout", str(TIMEOUT_S))
-        job.wait(timeout=TIMEOUT_S + 60)
+        # available-now: it ends once it has read what the topics held at its start (the
+        # timeout only bounds a hang; a job stopped by it fails the watermark check below)
+        job = _job(cfg, output, log, "available-now", "--timeout", str(CATCH_UP_S),
+                   *job_output.job_args())
+        job.wait(timeout=CATCH_UP_S + 60)
         assert job.returncode == 0, _tail(log)
-        prog = load_progress(output)
+        prog = load_progress(work)
         assert prog is not None and prog.batch_id > killed_at
+        assert prog.watermark("db.a") >= final, f"the restarted job did not catch up: {_tail(log)}"
 
         checked = 0
         for name in JOB_TABLES:
             tp = prog.tables[name]
             for number, inc in enumerate(tp.incarnations):
-                path = incarnation_path(str(output), name, number, inc.table_id)
+                path = incarnation_path(output, name, number, inc.table_id)
                 # one MERGE per batch id (mark_dropped's version repeats its batch's id)
                 history = _history_metadata(spark, path)
                 batches = [m[BATCH_KEY] for m in history if WATERMARK_KEY in m]
@@ -258,13 +324,14 @@ def test_job_killed_mid_stream_and_restarted_writes_each_row_once(
                 ), path
                 marks = sorted((m["version"], int(m[WATERMARK_KEY])) for m in history if WATERMARK_KEY in m)
                 # every version by delta-rs (an independent reader, fast); by plain Spark
-                # the first, a middle and the newest (a Spark read of a version rebuilds its
-                # snapshot: seconds each on a loaded 2-core machine)
-                by_spark = {marks[0][0], marks[len(marks) // 2][0], marks[-1][0]} if marks else set()
+                # the first, a middle and the newest of db.a, the newest of db.b's (a Spark
+                # read of a version rebuilds its snapshot: seconds on a loaded machine)
+                picks = [marks[0], marks[len(marks) // 2], marks[-1]] if name == "db.a" else marks[-1:]
+                by_spark = {v for v, _ in picks}
                 for version, ts in marks:
                     table = name.split(".")[1]
                     want = tn_rows(tn, table, ts)
-                    rs = deltalake.DeltaTable(path, version=version).to_pyarrow_table()
+                    rs = job_output.delta_rs(path, version).to_pyarrow_table()
                     rows = rs.to_pylist()
                     assert len({r["__row_id"] for r in rows}) == len(rows), (path, version)
                     cols = list(want[0]) if want else [c for c in rs.column_names if not c.startswith("__")]
@@ -274,19 +341,28 @@ def test_job_killed_mid_stream_and_restarted_writes_each_row_once(
                         assert _user_rows(df.toArrow().to_pylist(), cols) == want, (path, version, ts)
                     checked += 1
         assert len(prog.tables["db.b"].incarnations) >= 2  # the drop and re-create happened
-        assert watermarks(spark, table_path(str(output), "db.a"))[-1][1] >= final
+        assert watermarks(spark, table_path(output, "db.a"))[-1][1] >= final
         assert checked >= 6
 
-        # `kwal cn query --spark-output` answers from the Delta tables (in this process: the
-        # shared session) at versions' watermarks (a ts between two is not exact yet)
-        marks = watermarks(spark, table_path(str(output), "db.a"))
-        capsys.readouterr()
-        for _, ts in (marks[len(marks) // 2], marks[-1]):
-            args = argparse.Namespace(spark_output=str(output), table="db.a", ts=ts, json=True)
-            assert run_query(args, cfg) == 0
-            got = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+        # read_as_of at commit ts strictly inside versions (the version below, the change
+        # feed of the next one and its interval changes), and `kwal cn query --spark-output`
+        # at one of them (in this process: the shared session)
+        path_a = table_path(output, "db.a")
+        marks_a = watermarks(spark, path_a)
+        inside = _inside(marks_a, stamps)
+        assert inside[-1] in stamps and marks_a[-2][1] < inside[-1] < marks_a[-1][1], (marks_a, inside)
+        for ts in inside:
             want = tn_rows(tn, "a", ts)
-            assert _user_rows(got, list(want[0])) == want, ts
+            got = read_as_of(spark, path_a, ts).toArrow().to_pylist()
+            assert len({r["__row_id"] for r in got}) == len(got), ts
+            assert _user_rows(got, list(want[0]) if want else []) == want, ("read_as_of", ts)
+        capsys.readouterr()
+        ts = inside[len(inside) // 2]
+        args = argparse.Namespace(spark_output=output, table="db.a", ts=ts, json=True)
+        assert run_query(args, cfg) == 0
+        got = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+        want = tn_rows(tn, "a", ts)
+        assert _user_rows(got, list(want[0]) if want else []) == want, ("kwal cn query", ts)
     finally:
         if job is not None and job.poll() is None:
             job.kill()
