@@ -47,10 +47,9 @@ executors 4-8g with 2-4 cores each, `spark.sql.shuffle.partitions` about 2x the 
 `maxRecordsPerTrigger` sized so one task's records (`maxRecordsPerPartition`, default
 50,000 per Spark partition; a micro-batch is shared by at least `defaultParallelism` tasks
 once it has 1,000 records per task, and small topics share a task) decode comfortably in a
-Python worker, and an
-output path on a filesystem every node and the driver share (the driver writes progress
-files and reads each batch's change-log files with plain file I/O: a local path, NFS or a
-FUSE mount; not s3a:// yet).
+Python worker; the Delta tables on s3a:// or a shared filesystem, and a `--work-dir` every
+node and the driver share (the driver writes progress files and reads each batch's
+change-log files with plain file I/O: a local path, NFS or a FUSE mount).
 """
 
 from __future__ import annotations
