@@ -188,16 +188,12 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Tests that use the SparkSession (or are marked `spark`: they run Spark in a
-    process of their own) come first. They are the suite's longest (a
+    """Tests that use the SparkSession come first. They are the suite's longest (a
     micro-batch costs seconds), so under pytest-xdist they start at once and the quick
     tests fill the other workers beside them rather than leave one worker running Spark
     alone at the end. Each xdist worker has its own session (and broker): on one worker
     they would bound the suite (about 500 s of Spark tests in a run whose three workers
     finished everything in 400 s)."""
-    spark = [
-        item for item in items
-        if "spark" in getattr(item, "fixturenames", ()) or item.get_closest_marker("spark")
-    ]
+    spark = [item for item in items if "spark" in getattr(item, "fixturenames", ())]
     chosen = set(map(id, spark))
     items[:] = spark + [item for item in items if id(item) not in chosen]

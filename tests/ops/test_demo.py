@@ -10,12 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from infra.config import KwalConfig, ObjectStoreConfig
 from infra.objectstore import S3Store
-
-pytestmark = [pytest.mark.spark]  # its Spark CN step: among the first tests to start
 
 
 def test_the_demo_runs_end_to_end_and_every_cn_agrees_with_the_tn(
