@@ -1,7 +1,11 @@
 """The README's main job, `kwal demo`, end to end as a user runs it: its own process, on
 the session's Apache Kafka and S3 server (a configured broker: the demo starts no stack of
 its own), with the TN killed and restarted mid-load and the Spark CN job writing Delta
-tables. It must end with exit code 0 and every CN agreeing with the TN rebuilt from its WAL."""
+tables. It must end with exit code 0 and every CN agreeing with the TN rebuilt from its WAL.
+
+Marked slow: it costs about a minute (two TN starts, a JVM, the job), which the CI run's
+10 minutes on 2 cores have no room for; run it with `pytest -m slow tests/ops/test_demo.py`
+(or `bash scripts/demo`) after a change to the demo or to what it calls."""
 
 from __future__ import annotations
 
@@ -10,8 +14,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from infra.config import KwalConfig, ObjectStoreConfig
 from infra.objectstore import S3Store
+
+pytestmark = [pytest.mark.slow]
 
 
 def test_the_demo_runs_end_to_end_and_every_cn_agrees_with_the_tn(
