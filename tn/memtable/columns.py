@@ -23,7 +23,7 @@ the TN serves), so readers read them without the lock.
 from __future__ import annotations
 
 import datetime as _dt
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, overload
 
 import numpy as np
@@ -46,6 +46,16 @@ def _bitmap(valid: np.ndarray) -> pa.Buffer | None:
     if valid.all():
         return None
     return pa.py_buffer(np.packbits(valid, bitorder="little"))
+
+
+def _slice_values(arrow: Callable[[int], pa.Array], i: slice, length: int) -> list[Any]:
+    """Rows `i` (step 1) of a column of `length` rows as Python values (None: null), from
+    its Arrow view of the first rows (`arrow(n)`)."""
+    start, stop, step = i.indices(length)
+    if step != 1:
+        raise ValueError("column slices take step 1")
+    values: list[Any] = arrow(stop).slice(start).to_pylist()
+    return values
 
 
 class FixedColumn:
@@ -112,10 +122,7 @@ class FixedColumn:
     def __getitem__(self, i: int | slice) -> Any:
         """A row's Python value (None: null); a slice: a list of them."""
         if isinstance(i, slice):
-            start, stop, step = i.indices(len(self.data))
-            if step != 1:
-                raise ValueError("column slices take step 1")
-            return self.arrow(stop).slice(start).to_pylist()
+            return _slice_values(self.arrow, i, len(self.data))
         if not self.valid[i]:
             return None
         return self.data[i].item()
@@ -262,10 +269,7 @@ class VarColumn:
 
     def __getitem__(self, i: int | slice) -> Any:
         if isinstance(i, slice):
-            start, stop, step = i.indices(len(self.starts))
-            if step != 1:
-                raise ValueError("column slices take step 1")
-            return self.arrow(stop).slice(start).to_pylist()
+            return _slice_values(self.arrow, i, len(self.starts))
         if not self.valid[i]:
             return None
         s = int(self.starts[i])
