@@ -88,8 +88,15 @@ def _load_through_an_outage(
             broker.stop()
             time.sleep(outage_s)  # the outage itself: the broker stays away this long
             broker.restart()
-            wait_until("50 more commits acknowledged after the broker came back",
-                       lambda: acks() > before_outage + 50)
+            try:
+                # bounded by the TN's reconnect or log reopening plus the clients' commit
+                # timeout for the requests the outage swallowed (COMMIT_TIMEOUT_S), with room
+                # for a loaded machine
+                wait_until("50 more commits acknowledged after the broker came back",
+                           lambda: acks() > before_outage + 50, timeout_s=120)
+            except AssertionError as e:
+                log_tail = (tmp_path / "tn-1.log").read_text(errors="replace")[-4000:]
+                raise AssertionError(f"{e}; acknowledged: {acks()}; the TN's log:\n{log_tail}") from e
             stop.set()
             for th in threads:
                 th.join(timeout=90)

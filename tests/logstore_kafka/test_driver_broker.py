@@ -45,7 +45,8 @@ def test_out_of_order_across_partitions_completes_in_lsn_order(wal_config: KwalC
         # Scan from the highest LSN down: a done future seen first must have all below it
         # done too, as they completed before it (a scan upwards could race a completion).
         while not stop.is_set():
-            snapshot = sorted(futures.items(), reverse=True)
+            with lock:  # the appenders add to `futures` under it
+                snapshot = sorted(futures.items(), reverse=True)
             seen_done: int | None = None
             for lsn, fut in snapshot:
                 if fut.done():
@@ -54,10 +55,10 @@ def test_out_of_order_across_partitions_completes_in_lsn_order(wal_config: KwalC
                     violations.append((lsn, seen_done))
             time.sleep(0.001)
 
+    lock = threading.Lock()
     try:
         assert d.partitions == [0, 1, 2, 3]
         store = LogStore(d)
-        lock = threading.Lock()
         watcher = threading.Thread(target=monitor)
         watcher.start()
 
