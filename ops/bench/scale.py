@@ -147,6 +147,7 @@ def _diag(eng: Any, t: Any) -> dict[str, Any]:
         "gc_tracked": sum(gc.get_count()),
         "pa_mb": round(pa.total_allocated_bytes() / 2**20, 1),
         "index": len(mem.index) if mem is not None else -1,
+        "index_parts": mem.index.stats() if mem is not None else {},
         "by_id": len(mem.by_id) if mem is not None else -1,
         "blocks": len(mem.blocks) if mem is not None else -1,
         "unflushed_blocks": len(unflushed),
