@@ -194,6 +194,7 @@ def _tn_child(cfg: KwalConfig, params: dict[str, Any], out: Any) -> None:
     logtail = attach_logtail(
         eng, cfg, producer=driver.bus.channel() if driver.bus is not None else None
     )
+    done = [0]  # rows committed (all threads)
     runner = CheckpointRunner(
         eng,
         open_store(cfg.objectstore),
@@ -201,10 +202,28 @@ def _tn_child(cfg: KwalConfig, params: dict[str, Any], out: Any) -> None:
         wal_bytes=1 << 40,
         publish=logtail.publisher.publish_records,
         logtail_offsets=logtail.publisher.offsets,
-    ).start(poll_s=0.2)
+    )
+
+    def table() -> Any:
+        return eng.catalog.table(eng.catalog.database(DB, eng.visible_ts), TABLE, eng.visible_ts)  # type: ignore[arg-type]
+
+    # each checkpoint: (rows committed, rows in memory at its start, wall s, its thread's
+    # CPU s): is what a checkpoint costs per row what rises late?
+    ckpts: list[tuple[int, int, float, float]] = []
+    plain = runner.checkpoint
+
+    def timed() -> Any:
+        rows, mem = done[0], _rows_in_memory(table())
+        w0, c0 = time.perf_counter(), time.thread_time()
+        try:
+            return plain()
+        finally:
+            ckpts.append((rows, mem, time.perf_counter() - w0, time.thread_time() - c0))
+
+    runner.checkpoint = timed  # type: ignore[method-assign]
+    runner.start(poll_s=0.2)
     clock = _GcClock()
     next_key = itertools.count()
-    done = [0]  # rows committed (all threads)
     lock = threading.Lock()
     marks: list[tuple[int, float, float, float]] = []  # (rows, wall s, gc s, cpu s) per txn
     errors: list[str] = []
@@ -262,9 +281,6 @@ def _tn_child(cfg: KwalConfig, params: dict[str, Any], out: Any) -> None:
     diags: list[dict[str, Any]] = []
     seen = 0
 
-    def table() -> Any:
-        return eng.catalog.table(eng.catalog.database(DB, eng.visible_ts), TABLE, eng.visible_ts)  # type: ignore[arg-type]
-
     while any(th.is_alive() for th in threads):
         time.sleep(0.1)
         if runner.checkpoints != seen:
@@ -302,6 +318,7 @@ def _tn_child(cfg: KwalConfig, params: dict[str, Any], out: Any) -> None:
             "checkpoints": runner.checkpoints,
             "checkpoint_errors": runner.errors[:3],
             "diags": diags,
+            "ckpts": ckpts,
         }
     )
 
@@ -437,6 +454,11 @@ def measure(cfg: KwalConfig, params: dict[str, Any]) -> dict[str, Any]:
         "txn_errors": got["error_count"],
         **cn,
     }
+    ck = [c for c in got["ckpts"] if c[1] > 0]
+    if ck:  # [rows committed, rows in memory, wall s, CPU s, CPU us per row in memory]
+        out["checkpoint_costs"] = [
+            [r, m, round(w, 2), round(c, 2), round(c / m * 1e6, 2)] for r, m, w, c in ck
+        ]
     if got["diags"]:
         out["diags"] = got["diags"]
     if got["errors"]:

@@ -70,31 +70,32 @@ class _Run:
     def find(self, q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(hit mask over q, positions in this run; valid where hit)."""
         n = len(self.keys)
+        if n == 0 or not len(q) or q.min() > self.keys[-1] or q.max() < self.keys[0]:
+            return np.zeros(len(q), dtype=bool), np.zeros(len(q), dtype=np.intp)
         pos = np.searchsorted(self.keys, q)
-        if n == 0:
-            return np.zeros(len(q), dtype=bool), pos
         posc = np.minimum(pos, n - 1)
         return (pos < n) & (self.keys[posc] == q), posc
 
     @staticmethod
     def merge(newer: _Run, older: _Run) -> _Run:
-        keys = np.concatenate((newer.keys, older.keys))
+        return _Run.merge_all((newer, older))
+
+    @staticmethod
+    def merge_all(runs: Sequence[_Run]) -> _Run:
+        """One run of `runs` (newest first): the newest entry of each key."""
+        if len(runs) == 1:
+            return runs[0]
+        keys = np.concatenate([r.keys for r in runs])
         order = np.argsort(keys, kind="stable")  # equal keys: the newer first
         ks = keys[order]
         first = np.ones(len(ks), dtype=bool)
         first[1:] = ks[1:] != ks[:-1]
         sel = order[first]
 
-        def cat(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-            return np.concatenate((a, b))[sel]
+        def cat(name: str) -> np.ndarray:
+            return np.concatenate([getattr(r, name) for r in runs])[sel]
 
-        return _Run(
-            ks[first],
-            cat(newer.blk, older.blk),
-            cat(newer.row, older.row),
-            cat(newer.ts, older.ts),
-            cat(newer.live, older.live),
-        )
+        return _Run(ks[first], cat("blk"), cat("row"), cat("ts"), cat("live"))
 
 
 def _is_int(k: Any) -> bool:
@@ -137,15 +138,20 @@ class PkIndex:
         """Each key's entry (None: not in the index), in the order of `keys`."""
         recent = self._recent
         runs = self._runs
-        if len(keys) <= SMALL or not runs:
+        q = self._ints_of(keys) if runs and len(keys) > SMALL else None
+        if q is None:
             return [self.get(k) for k in keys] if runs else [recent.get(k) for k in keys]
-        out: list[Entry | None] = [recent.get(k) for k in keys]
-        ask = [i for i, e in enumerate(out) if e is None and _is_int(keys[i])]
-        if not ask:
-            return out
-        q = np.array([keys[i] for i in ask], dtype=np.int64)
-        at = np.array(ask, dtype=np.int64)
+        out: list[Entry | None]
+        at = np.arange(len(keys))
+        if recent:  # its entries shadow the runs'
+            out = [recent.get(k) for k in keys]
+            ask = np.fromiter((e is None for e in out), dtype=bool, count=len(out))
+            q, at = q[ask], at[ask]
+        else:
+            out = [None] * len(keys)
         for run in runs:
+            if not len(q):
+                break
             hit, pos = run.find(q)
             if hit.any():
                 p = pos[hit]
@@ -160,8 +166,6 @@ class PkIndex:
                     out[i] = (b, r, t, lv)
                 miss = ~hit
                 q, at = q[miss], at[miss]
-                if not len(q):
-                    break
         return out
 
     def newer_than(self, keys: Collection[Any], ts: int) -> Any:
@@ -169,35 +173,55 @@ class PkIndex:
         check), else None."""
         recent = self._recent
         runs = self._runs
-        if len(keys) <= SMALL or not runs:
+        q = self._ints_of(keys) if runs and len(keys) > SMALL else None
+        if q is None:
             for k in keys:
                 e = self.get(k) if runs else recent.get(k)
                 if e is not None and e[2] > ts:
                     return k
             return None
-        rest: list[Any] = []
-        for k in keys:
-            e = recent.get(k)
-            if e is None:
-                if _is_int(k):
-                    rest.append(k)
-            elif e[2] > ts:
-                return k
-        if not rest:
-            return None
-        q = np.array(rest, dtype=np.int64)
+        if recent:  # its entries shadow the runs': look through the smaller side
+            seen: list[Any] = []
+            if len(recent) < len(keys):
+                kset = keys if isinstance(keys, set | frozenset) else set(keys)
+                for k, e in list(recent.items()):
+                    if k in kset:
+                        if e[2] > ts:
+                            return k
+                        seen.append(k)
+            else:
+                for k in keys:
+                    e = recent.get(k)
+                    if e is not None:
+                        if e[2] > ts:
+                            return k
+                        seen.append(k)
+            if seen:
+                q = q[~np.isin(q, np.array(seen, dtype=np.int64))]
         for run in runs:
+            if not len(q):
+                break
             hit, pos = run.find(q)
             if hit.any():
                 late = hit.copy()
                 late[hit] = run.ts[pos[hit]] > ts
                 if late.any():
-                    return rest[int(np.argmax(late))]
+                    return int(q[int(np.argmax(late))])
                 q = q[~hit]
-                rest = [k for k, h in zip(rest, hit.tolist(), strict=True) if not h]
-                if not len(q):
-                    break
         return None
+
+    def _ints_of(self, keys: Collection[Any]) -> np.ndarray | None:
+        """keys as an int64 array, if this index keeps runs of int keys and they are."""
+        if not self._ints:
+            return None
+        try:
+            if isinstance(keys, np.ndarray):
+                return keys.astype(np.int64, copy=False)
+            if isinstance(keys, list | tuple):
+                return np.array(keys, dtype=np.int64)
+            return np.fromiter(keys, dtype=np.int64, count=len(keys))
+        except (TypeError, ValueError, OverflowError):
+            return None
 
     def __len__(self) -> int:
         runs = self._runs
@@ -311,9 +335,11 @@ class PkIndex:
         self._runs = tuple(runs)
 
     def prune(self, bids: Collection[int], upto: int) -> tuple[int, dict[int, list[Any]]]:
-        """Drop the entries pointing at a block of `bids` written at or before `upto`,
-        with the older entries of their keys. Returns (keys whose entry went, block id ->
-        keys of entries pointing at it that were newer than upto: kept)."""
+        """Drop the entries pointing at a block of `bids` written at or before `upto`.
+        The runs are first merged into one (which drops the entries they shadowed), so a
+        dropped entry can never let an older one of its key resurface. Returns (keys
+        whose entry went, block id -> keys of entries pointing at it that were newer
+        than upto: kept)."""
         kept: dict[int, list[Any]] = {}
         if not bids:
             return 0, kept
@@ -331,30 +357,22 @@ class PkIndex:
             recent[k] = e
         runs = self._runs
         if runs:
-            barr = np.fromiter(bset, dtype=np.int64, count=len(bset))
-            dead = np.unique(np.array(gone, dtype=np.int64))
-            newer = [np.unique(np.array(list(self._recent), dtype=np.int64))]
-            out: list[_Run] = []
-            for run in runs:  # newest first: a dropped key's older entries go too
-                inb = np.isin(run.blk, barr)
-                cond = inb & (run.ts <= upto)
-                drop = cond | np.isin(run.keys, dead, assume_unique=True) if len(dead) else cond
-                stay = inb & ~cond
-                if stay.any():
-                    for b, key in zip(run.blk[stay].tolist(), run.keys[stay].tolist(), strict=True):
+            run = _Run.merge_all(runs)
+            inb = np.isin(run.blk, np.fromiter(bset, dtype=np.int64, count=len(bset)))
+            cond = inb & (run.ts <= upto)
+            stay = inb & ~cond
+            if stay.any():
+                for b, key in zip(run.blk[stay].tolist(), run.keys[stay].tolist(), strict=True):
+                    if key not in recent:  # else: shadowed, and what recent says stays
                         kept.setdefault(b, []).append(key)
-                if cond.any():
-                    ck = run.keys[cond]
-                    shadowed = np.zeros(len(ck), dtype=bool)  # not counted: not visible
-                    for nk in newer:
-                        shadowed |= np.isin(ck, nk, assume_unique=True)
-                    dropped += len(ck) - int(np.count_nonzero(shadowed))
-                    dead = np.union1d(dead, ck)
-                newer.append(run.keys)
-                if drop.any():
-                    run = run.take(~drop)
-                if len(run):
-                    out.append(run)
-            self._runs = tuple(out)
+            if self._recent:  # entries recent shadows: dropped, not counted
+                shadow = np.isin(run.keys, np.array(list(self._recent), dtype=np.int64))
+                dropped += int(np.count_nonzero(cond & ~shadow))
+                if gone:  # a key whose recent entry went loses its older ones too
+                    cond |= np.isin(run.keys, np.array(gone, dtype=np.int64))
+            else:
+                dropped += int(np.count_nonzero(cond))
+            run = run.take(~cond) if cond.any() else run
+            self._runs = (run,) if len(run) else ()
         self._recent = recent
         return dropped, kept
