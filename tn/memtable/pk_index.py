@@ -15,7 +15,9 @@ live in glibc's heap, which `malloc_trim` returns, and the collector does not wa
 2. Runs are merged log-structured: while the newest run is at least 1/`MERGE_RATIO` the
    size of the next, the two merge (the newer entry of a key wins), so a lookup
    touches about log_MERGE_RATIO(n / run_min) runs, one `np.searchsorted` each for a
-   whole batch of keys.
+   whole batch of keys (a run whose key range misses the batch is skipped). A run of
+   `MERGE_MAX` entries or more is merged only by `prune` (the checkpoint's thread):
+   a writer holds the commit pipeline's lock, which a merge of a large run would stall.
 3. A key may be in several places (recent, then runs newest first): the first wins.
    `prune` drops an entry only together with the older entries of its key (an older
    entry must never resurface), and merges drop shadowed entries.
@@ -40,6 +42,7 @@ Entry = tuple[int, int, int, bool]  # (block id, row, ts, live)
 RECENT_MAX = 4096  # entries of `recent` before it becomes a run
 RUN_MIN = 64  # a bulk write of at least this many keys becomes a run
 MERGE_RATIO = 4  # runs merge while the newer is >= 1/MERGE_RATIO of the older
+MERGE_MAX = 1 << 17  # ...and the older has fewer entries (a merge stalls the writers)
 SMALL = 16  # key sets up to this size are looked up key by key
 
 
@@ -47,12 +50,16 @@ class _Run:
     """Sorted unique int64 keys and their entries as parallel arrays (never changed in
     place once published)."""
 
-    __slots__ = ("keys", "blk", "row", "ts", "live")
+    __slots__ = ("keys", "blk", "row", "ts", "live", "lo", "hi")
 
     def __init__(
         self, keys: np.ndarray, blk: np.ndarray, row: np.ndarray, ts: np.ndarray, live: np.ndarray
     ) -> None:
         self.keys = keys
+        # the smallest and largest key, as Python ints: a key outside skips the run
+        # (new keys of an ascending key: most inserts) without a call into numpy
+        self.lo = int(keys[0]) if len(keys) else 1
+        self.hi = int(keys[-1]) if len(keys) else 0
         self.blk = blk
         self.row = row
         self.ts = ts
@@ -70,7 +77,7 @@ class _Run:
     def find(self, q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(hit mask over q, positions in this run; valid where hit)."""
         n = len(self.keys)
-        if n == 0 or not len(q) or q.min() > self.keys[-1] or q.max() < self.keys[0]:
+        if n == 0 or not len(q) or q.min() > self.hi or q.max() < self.lo:
             return np.zeros(len(q), dtype=bool), np.zeros(len(q), dtype=np.intp)
         pos = np.searchsorted(self.keys, q)
         posc = np.minimum(pos, n - 1)
@@ -128,6 +135,8 @@ class PkIndex:
         if e is not None or not runs or not _is_int(key):
             return e
         for run in runs:
+            if key > run.hi or key < run.lo:
+                continue
             keys = run.keys
             i = int(keys.searchsorted(key))
             if i < len(keys) and keys[i] == key:
@@ -329,7 +338,7 @@ class PkIndex:
 
     def _push(self, run: _Run) -> None:
         runs = list(self._runs)
-        while runs and len(run) * MERGE_RATIO >= len(runs[0]):
+        while runs and len(run) * MERGE_RATIO >= len(runs[0]) and len(runs[0]) < MERGE_MAX:
             run = _Run.merge(run, runs.pop(0))
         runs.insert(0, run)
         self._runs = tuple(runs)
