@@ -105,6 +105,9 @@ class _Run:
         return _Run(ks[first], cat("blk"), cat("row"), cat("ts"), cat("live"))
 
 
+_EMPTY = (1 << 63, -(1 << 63))  # (lo, hi) of no key
+
+
 def _is_int(k: Any) -> bool:
     return (type(k) is int) or isinstance(k, np.integer)
 
@@ -118,12 +121,16 @@ def _col(v: Any, n: int, dtype: Any) -> np.ndarray:
 class PkIndex:
     """key -> (block id, row, ts, live) of the key's newest write (see the module doc)."""
 
-    __slots__ = ("_recent", "_runs", "_ints", "recent_max", "run_min")
+    __slots__ = ("_recent", "_runs", "_ints", "_rlo", "_rhi", "recent_max", "run_min")
 
     def __init__(self, recent_max: int = RECENT_MAX, run_min: int = RUN_MIN) -> None:
         self._recent: dict[Any, Entry] = {}
         self._runs: tuple[_Run, ...] = ()  # newest first
         self._ints: bool | None = None  # int keys (runs), decided by the first write
+        # int keys: a range holding every key of `recent` (batches outside it skip the
+        # dict). Widened before a key is added, narrowed after `recent` is replaced; a
+        # reader reads it before `recent`
+        self._rlo, self._rhi = _EMPTY
         self.recent_max = recent_max
         self.run_min = run_min
 
@@ -145,19 +152,26 @@ class PkIndex:
 
     def get_many(self, keys: Sequence[Any]) -> list[Entry | None]:
         """Each key's entry (None: not in the index), in the order of `keys`."""
+        lo, hi = self._rlo, self._rhi
         recent = self._recent
         runs = self._runs
         q = self._ints_of(keys) if runs and len(keys) > SMALL else None
         if q is None:
             return [self.get(k) for k in keys] if runs else [recent.get(k) for k in keys]
-        out: list[Entry | None]
+        out: list[Entry | None] = [None] * len(keys)
         at = np.arange(len(keys))
-        if recent:  # its entries shadow the runs'
-            out = [recent.get(k) for k in keys]
-            ask = np.fromiter((e is None for e in out), dtype=bool, count=len(out))
-            q, at = q[ask], at[ask]
-        else:
-            out = [None] * len(keys)
+        near = np.flatnonzero((q >= lo) & (q <= hi)).tolist() if recent else []
+        if near:  # recent's entries shadow the runs'
+            found = []
+            for i in near:
+                e = recent.get(keys[i])
+                if e is not None:
+                    out[i] = e
+                    found.append(i)
+            if found:
+                ask = np.ones(len(keys), dtype=bool)
+                ask[found] = False
+                q, at = q[ask], at[ask]
         for run in runs:
             if not len(q):
                 break
@@ -180,6 +194,7 @@ class PkIndex:
     def newer_than(self, keys: Collection[Any], ts: int) -> Any:
         """A key of `keys` whose newest write is after ts (the write-write conflict
         check), else None."""
+        lo, hi = self._rlo, self._rhi
         recent = self._recent
         runs = self._runs
         q = self._ints_of(keys) if runs and len(keys) > SMALL else None
@@ -189,24 +204,16 @@ class PkIndex:
                 if e is not None and e[2] > ts:
                     return k
             return None
-        if recent:  # its entries shadow the runs': look through the smaller side
-            seen: list[Any] = []
-            if len(recent) < len(keys):
-                kset = keys if isinstance(keys, set | frozenset) else set(keys)
-                for k, e in list(recent.items()):
-                    if k in kset:
-                        if e[2] > ts:
-                            return k
-                        seen.append(k)
-            else:
-                for k in keys:
-                    e = recent.get(k)
-                    if e is not None:
-                        if e[2] > ts:
-                            return k
-                        seen.append(k)
-            if seen:
-                q = q[~np.isin(q, np.array(seen, dtype=np.int64))]
+        near = (q >= lo) & (q <= hi) if recent else None
+        if near is not None and near.any():  # recent's entries shadow the runs'
+            seen = np.zeros(len(q), dtype=bool)
+            for i in np.flatnonzero(near).tolist():
+                e = recent.get(int(q[i]))
+                if e is not None:
+                    if e[2] > ts:
+                        return int(q[i])
+                    seen[i] = True
+            q = q[~seen]
         for run in runs:
             if not len(q):
                 break
@@ -271,6 +278,11 @@ class PkIndex:
     def set(self, key: Any, bid: int, row: int, ts: int, live: bool) -> None:
         if self._ints is None:
             self._ints = _is_int(key)
+        if self._ints:
+            if key < self._rlo:
+                self._rlo = key
+            if key > self._rhi:
+                self._rhi = key
         self._recent[key] = (bid, row, ts, live)
         if self._ints and len(self._recent) > self.recent_max:
             self._freeze()
@@ -297,6 +309,8 @@ class PkIndex:
             lv = _col(live, n, bool).tolist()
             recent = self._recent
             kl = keys.tolist() if isinstance(keys, np.ndarray) else keys
+            if self._ints:
+                self._rlo, self._rhi = min(self._rlo, min(kl)), max(self._rhi, max(kl))
             for i in range(n):
                 recent[kl[i]] = (b[i], r[i], t[i], lv[i])
             if self._ints and len(recent) > self.recent_max:
@@ -316,8 +330,8 @@ class PkIndex:
         recent = self._recent
         self._push(run)
         if recent:  # the run is newer than recent's entries of its keys
-            kl = keys.tolist() if isinstance(keys, np.ndarray) else keys
-            stale = [x for x in kl if x in recent]
+            near = run.keys[(run.keys >= self._rlo) & (run.keys <= self._rhi)]
+            stale = [x for x in near.tolist() if x in recent]
             if stale:
                 fresh = dict(recent)
                 for x in stale:
@@ -335,6 +349,7 @@ class PkIndex:
         blk, row, ts, live = ents.T
         self._push(_Run(keys, blk.copy(), row.astype(np.int32), ts.copy(), live.astype(bool)))
         self._recent = {}
+        self._rlo, self._rhi = _EMPTY
 
     def _push(self, run: _Run) -> None:
         runs = list(self._runs)
@@ -384,4 +399,6 @@ class PkIndex:
             run = run.take(~cond) if cond.any() else run
             self._runs = (run,) if len(run) else ()
         self._recent = recent
+        if self._ints:
+            self._rlo, self._rhi = (min(recent), max(recent)) if recent else _EMPTY
         return dropped, kept
