@@ -147,6 +147,7 @@ def _diag(eng: Any, t: Any) -> dict[str, Any]:
         "gc_tracked": sum(gc.get_count()),
         "pa_mb": round(pa.total_allocated_bytes() / 2**20, 1),
         "index": len(mem.index) if mem is not None else -1,
+        "index_parts": mem.index.stats() if mem is not None else {},
         "by_id": len(mem.by_id) if mem is not None else -1,
         "blocks": len(mem.blocks) if mem is not None else -1,
         "unflushed_blocks": len(unflushed),
@@ -193,6 +194,7 @@ def _tn_child(cfg: KwalConfig, params: dict[str, Any], out: Any) -> None:
     logtail = attach_logtail(
         eng, cfg, producer=driver.bus.channel() if driver.bus is not None else None
     )
+    done = [0]  # rows committed (all threads)
     runner = CheckpointRunner(
         eng,
         open_store(cfg.objectstore),
@@ -200,10 +202,22 @@ def _tn_child(cfg: KwalConfig, params: dict[str, Any], out: Any) -> None:
         wal_bytes=1 << 40,
         publish=logtail.publisher.publish_records,
         logtail_offsets=logtail.publisher.offsets,
-    ).start(poll_s=0.2)
+    )
+
+    def table() -> Any:
+        return eng.catalog.table(eng.catalog.database(DB, eng.visible_ts), TABLE, eng.visible_ts)  # type: ignore[arg-type]
+
+    # each checkpoint: (rows committed, rows in memory at its start, wall s, CPU s of its
+    # thread and its put workers, of which the index prune): is what a checkpoint costs
+    # per row what rises late?
+    ckpts: list[tuple[int, int, float, float, float]] = []
+    pool_cpu = _CpuTally()
+    runner.checkpoint = _timed_checkpoint(  # type: ignore[method-assign]
+        runner, pool_cpu, lambda: (done[0], _rows_in_memory(table())), ckpts
+    )
+    runner.start(poll_s=0.2)
     clock = _GcClock()
     next_key = itertools.count()
-    done = [0]  # rows committed (all threads)
     lock = threading.Lock()
     marks: list[tuple[int, float, float, float]] = []  # (rows, wall s, gc s, cpu s) per txn
     errors: list[str] = []
@@ -261,9 +275,6 @@ def _tn_child(cfg: KwalConfig, params: dict[str, Any], out: Any) -> None:
     diags: list[dict[str, Any]] = []
     seen = 0
 
-    def table() -> Any:
-        return eng.catalog.table(eng.catalog.database(DB, eng.visible_ts), TABLE, eng.visible_ts)  # type: ignore[arg-type]
-
     while any(th.is_alive() for th in threads):
         time.sleep(0.1)
         if runner.checkpoints != seen:
@@ -301,8 +312,54 @@ def _tn_child(cfg: KwalConfig, params: dict[str, Any], out: Any) -> None:
             "checkpoints": runner.checkpoints,
             "checkpoint_errors": runner.errors[:3],
             "diags": diags,
+            "ckpts": ckpts,
         }
     )
+
+
+class _CpuTally:
+    """CPU seconds of the calls wrapped by `wrap`, summed over threads."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.total = 0.0
+
+    def wrap(self, fn: Any) -> Any:
+        def run(*a: Any, **kw: Any) -> Any:
+            c0 = time.thread_time()
+            try:
+                return fn(*a, **kw)
+            finally:
+                with self.lock:
+                    self.total += time.thread_time() - c0
+
+        return run
+
+
+def _timed_checkpoint(
+    runner: Any, pool: _CpuTally, where: Any, out: list[tuple[int, int, float, float, float]]
+) -> Any:
+    """runner.checkpoint, recording its wall and CPU time (its own thread, its put
+    workers' puts and block drops, the index prune) in `out` (diagnostics)."""
+    import tn.checkpoint.runner as runner_mod
+    from tn.memtable.table import TableData
+
+    runner._put = pool.wrap(runner._put)
+    runner_mod.drop_block_memory = pool.wrap(runner_mod.drop_block_memory)
+    prune = _CpuTally()
+    TableData.prune = prune.wrap(TableData.prune)  # type: ignore[method-assign]
+    plain = runner.checkpoint
+
+    def timed() -> Any:
+        rows, mem = where()
+        w0, c0, p0, q0 = time.perf_counter(), time.thread_time(), pool.total, prune.total
+        try:
+            return plain()
+        finally:
+            cpu = time.thread_time() - c0 + pool.total - p0
+            out.append((rows, mem, time.perf_counter() - w0, cpu, prune.total - q0))
+
+    return timed
 
 
 def _rows_in_memory(t: Any) -> int:
@@ -436,6 +493,12 @@ def measure(cfg: KwalConfig, params: dict[str, Any]) -> dict[str, Any]:
         "txn_errors": got["error_count"],
         **cn,
     }
+    ck = [c for c in got["ckpts"] if c[1] > 0]
+    if ck:  # [rows committed, rows in memory, wall s, CPU s, prune CPU s, CPU us per row]
+        out["checkpoint_costs"] = [
+            [r, m, round(w, 2), round(c, 2), round(p, 3), round(c / m * 1e6, 2)]
+            for r, m, w, c, p in ck
+        ]
     if got["diags"]:
         out["diags"] = got["diags"]
     if got["errors"]:

@@ -76,7 +76,7 @@ class TableMemory(Protocol):
 
     lock: threading.Lock
     blocks: list[BlockNode]
-    index: dict[Any, tuple[int, int, int, bool]]  # key -> (block id, row, ts, live)
+    index: Any  # tn.memtable.pk_index.PkIndex: key -> (block id, row, ts, live)
     by_id: dict[int, BlockNode]
     index_lock: threading.Lock
     objects: Any  # () -> the object reader (tn.memtable.flushed.ObjectRows) or None

@@ -244,8 +244,7 @@ def _rewrite(
             cat.register(blk)
             t.mem.by_id[blk.id] = blk
             with t.mem.index_lock:
-                for row, k in enumerate(keys):
-                    idx[k] = (blk.id, row, cts, True)
+                idx.set_many(keys, blk.id, np.arange(len(keys)), cts, True)
             out.append(
                 UpdateCatalog(
                     CatalogKind.BLOCK,
@@ -530,8 +529,7 @@ def _attach_blocks(cat: Any, p: ObjectPlan, cts: int) -> list[Command]:
         cat.register(blk)
         t.mem.by_id[blk.id] = blk
         with t.mem.index_lock:
-            for row, k in enumerate(bkeys):
-                idx[k] = (blk.id, row, cts, True)
+            idx.set_many(bkeys, blk.id, np.arange(len(bkeys)), cts, True)
         out.append(
             UpdateCatalog(
                 CatalogKind.BLOCK,
@@ -582,8 +580,7 @@ def apply_object_block(blk: BlockNode, cmd: UpdateCatalog, cts: int, store: Obje
     idx = t.mem.index
     t.mem.by_id[blk.id] = blk
     with t.mem.index_lock:
-        for row, k in enumerate(keys):
-            idx[k] = (blk.id, row, cts, True)
+        idx.set_many(keys, blk.id, np.arange(len(keys)), cts, True)
 
 
 __all__ = [

@@ -222,11 +222,13 @@ def load_block(blk: BlockNode, store: ObjectStore, *, columns: bool, cts_overrid
 
 
 def rebuild_index(t: TableNode) -> None:
-    """The primary-key index from the rows still in memory: key -> newest write."""
+    """The primary-key index from the rows still in memory: key -> newest write (a key's
+    live row, else its latest delete), block by block."""
     schema = t.schemas[-1][1]
     pk_cid = schema.column(schema.primary_key).column_id
-    idx = t.mem.index
-    for blk in t.mem.blocks:
+    mem_t = t.mem
+    idx = mem_t.index
+    for blk in mem_t.blocks:
         if blk.delete_ts != MAX_TS or blk.mem.flushed:
             continue  # flushed blocks' keys are found through their filters
         mem = blk.mem
@@ -235,17 +237,26 @@ def rebuild_index(t: TableNode) -> None:
             continue
         n = len(mem)
         keys = col[:n]
-        cts, dts = mem.cts[:n].tolist(), mem.dts[:n].tolist()
-        for row, (c, d) in enumerate(zip(cts, dts, strict=True)):
-            if c >= ABORTED_TS:
+        cts = np.asarray(mem.cts[:n], dtype=np.int64)
+        dts = np.asarray(mem.dts[:n], dtype=np.int64)
+        ok = cts < ABORTED_TS
+        with mem_t.index_lock:
+            live = np.flatnonzero(ok & (dts == MAX_TS))
+            if len(live):
+                idx.set_many([keys[r] for r in live.tolist()], blk.id, live, cts[live], True)
+            dead = np.flatnonzero(ok & (dts != MAX_TS))
+            if not len(dead):
                 continue
-            k = keys[row]
-            if d == MAX_TS:
-                idx[k] = (blk.id, row, c, True)
-            else:
-                e = idx.get(k)
-                if e is None or (not e[3] and e[2] < d):
-                    idx[k] = (blk.id, row, d, False)
+            dead = dead[np.argsort(dts[dead], kind="stable")]  # the latest delete last
+            dk = [keys[r] for r in dead.tolist()]
+            take = [
+                i
+                for i, e in enumerate(idx.get_many(dk))
+                if e is None or (not e[3] and e[2] < int(dts[dead[i]]))
+            ]
+            if take:
+                sel = dead[take]
+                idx.set_many([dk[i] for i in take], blk.id, sel, dts[sel], False)
 
 
 class BlockLoader:

@@ -351,14 +351,12 @@ class CommitPipeline:
                     f"table {t.db.name}.{t.name} was dropped or altered concurrently",
                 )
         for t, keys in txn.wkeys.items():
-            idx = t.mem.index
-            for k in keys:
-                e = idx.get(k)
-                if e is not None and e[2] > start:
-                    return ConflictError(
-                        "write_conflict",
-                        f"key {k!r} of {t.db.name}.{t.name} was written concurrently",
-                    )
+            k = t.mem.index.newer_than(keys, start)
+            if k is not None:
+                return ConflictError(
+                    "write_conflict",
+                    f"key {k!r} of {t.db.name}.{t.name} was written concurrently",
+                )
         return None
 
     def _stamp(self, rec: _InFlight, batches: list[bytes]) -> None:

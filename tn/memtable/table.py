@@ -6,17 +6,16 @@ without waiting for each other's commits. New segments/blocks are catalog
 nodes with create@ = MAX_TS until the first transaction with rows in them
 commits (that transaction logs their creation).
 
-The primary-key index maps key -> (block id, row, last_write_ts, live): the newest
-committed (or queued-to-commit) write of that key. It is updated in commit
-order by the pipeline, and serves the write-write conflict check and
-delete-by-key. It holds only the working set (docs/memory.md): the checkpoint
+The primary-key index (`PkIndex`, tn.memtable.pk_index) maps key -> (block id, row,
+last_write_ts, live): the newest committed (or queued-to-commit) write of that key. It
+is updated in commit order by the pipeline, and serves the write-write conflict check
+and delete-by-key. It holds only the working set (docs/memory.md): the checkpoint
 prunes (`prune`) the entries of rows in flushed blocks once no active transaction
 started before them (a conflict check, `ts > StartTS`, could not hit them any
 more). Duplicate-key checks and deletes find those keys through the flushed
 blocks' key filters (`lookup_many`, tn.memtable.flushed): a filter hit reads the
-block's key column; the row's commit/delete ts come from its objects. Its entries
-are tuples of plain values (replaced, never changed in place): the cyclic collector
-untracks them, so a large working set costs it nothing to walk.
+block's key column; the row's commit/delete ts come from its objects. Integer keys
+are held in numpy arrays, not as a Python object per key.
 """
 
 from __future__ import annotations
@@ -33,14 +32,9 @@ from tn.catalog.nodes import ABORTED_TS, MAX_TS, BlockNode, SegmentNode, TableNo
 from tn.memtable.block import BLOCK_ROWS, MemBlock
 from tn.memtable.flushed import DroppedCols, FlushedKeys, ObjectRows
 from tn.memtable.pk_filter import KeyFilter, filter_bits
+from tn.memtable.pk_index import PkIndex
 
 SEGMENT_BLOCKS = 16
-PRUNE_CHUNK = 20_000  # index entries dropped per hold of index_lock
-
-# the row offsets as shared int objects: an index entry holds one of these, not an int
-# of its own made by the transaction (small objects that outlive a checkpoint interval
-# keep the allocator's pools: docs/memory.md)
-_ROWS = tuple(range(BLOCK_ROWS))
 
 # (block, first row in block, first row in batch, row count)
 Range = tuple[BlockNode, int, int, int]
@@ -71,10 +65,10 @@ class TableData:
         self.lock = threading.Lock()
         self.segments: list[SegmentNode] = []
         self.blocks: list[BlockNode] = []
-        self.index: dict[Any, tuple[int, int, int, bool]] = {}
+        self.index = PkIndex()
         self.by_id: dict[int, BlockNode] = {}  # the index's block ids -> blocks
         # serializes index writers (the pipeline's index_commit, the checkpoint's prune);
-        # readers read the dict without it
+        # readers read the index without it
         self.index_lock = threading.Lock()
         self.flushed = FlushedKeys()
         self.objects = objects or (lambda: None)  # the object reader (tn.checkpoint)
@@ -82,8 +76,9 @@ class TableData:
         self._alloc = alloc_id
         self.table: TableNode | None = None  # set by the catalog
         self._types: tuple[int, dict[int, pa.DataType]] = (-1, {})
-        # flushed blocks whose keys may still have index entries (block id -> those
-        # keys): what `prune` looks at, instead of the whole index
+        # flushed blocks whose rows may still have index entries (block id -> keys of
+        # entries a prune had to keep, or of deletes of its rows since): what `prune`
+        # looks at
         self.unpruned: dict[int, Any] = {}
 
     def column_types(self) -> dict[int, pa.DataType]:
@@ -193,25 +188,39 @@ class TableData:
         conflict checks must see it."""
         idx = self.index
         by_id = self.by_id
-        rows = _ROWS
         with self.index_lock:
-            for keys, src, blk, row0, n in inserts:
-                bid = blk.id
-                if n == 1:
-                    idx[keys[src]] = (bid, rows[row0], ts, True)
-                else:
-                    for key, row in zip(keys[src : src + n], rows[row0 : row0 + n], strict=True):
-                        idx[key] = (bid, row, ts, True)
-                if bid not in by_id:
-                    by_id[bid] = blk
-            for key, blk, row in deletes:
-                e = idx.get(key)
+            if len(inserts) == 1 and inserts[0][4] == 1:
+                keys, src, blk, row0, _ = inserts[0]
+                idx.set(keys[src], blk.id, row0, ts, True)
+                if blk.id not in by_id:
+                    by_id[blk.id] = blk
+            elif inserts:
+                ks: list[Any] = []
+                bids: list[np.ndarray] = []
+                rows: list[np.ndarray] = []
+                for keys, src, blk, row0, n in inserts:
+                    ks.extend(keys[src : src + n])
+                    bids.append(np.full(n, blk.id, dtype=np.int64))
+                    rows.append(np.arange(row0, row0 + n, dtype=np.int64))
+                    if blk.id not in by_id:
+                        by_id[blk.id] = blk
+                idx.set_many(ks, np.concatenate(bids), np.concatenate(rows), ts, True)
+            if not deletes:
+                return
+            cur = idx.get_many([d[0] for d in deletes])
+            dk: list[Any] = []
+            db: list[int] = []
+            dr: list[int] = []
+            for (key, blk, row), e in zip(deletes, cur, strict=True):
                 if e is None or (e[0] == blk.id and e[1] == row):
-                    idx[key] = (blk.id, rows[row], ts, False)
+                    dk.append(key)
+                    db.append(blk.id)
+                    dr.append(row)
                     if blk.id not in by_id:
                         by_id[blk.id] = blk
                     if e is None:  # a flushed row's key (pruned): prune it again later
                         self.unpruned.setdefault(blk.id, []).append(key)
+            idx.set_many(dk, db, dr, ts, False)
 
     def pk_cid(self) -> int:
         assert self.table is not None
@@ -222,12 +231,10 @@ class TableData:
         """key -> [block, row, last write ts, live] of each key's newest write (keys never
         written are absent): the index, else the flushed blocks (their key filters, then
         their key column and row ts). Entries are copies: read-only."""
-        idx = self.index
         out: dict[Any, list[Any]] = {}
         check: list[Any] = []
         by_id = self.by_id
-        for k in keys:
-            he = idx.get(k)
+        for k, he in zip(keys, self.index.get_many(keys), strict=True):
             if he is None:
                 check.append(k)
             else:
@@ -291,44 +298,29 @@ class TableData:
     def prune(self, upto: int) -> int:
         """Drop the index entries of flushed rows written at or before `upto` (the caller
         passes min(checkpoint ts, oldest active StartTS)): lookups find them through the
-        flushed blocks. Only the keys of blocks flushed since (`unpruned`: their keys,
-        and the keys of flushed rows deleted since) are looked at, not the whole index;
-        an entry newer than `upto` stays for the next prune. Returns how many were
-        dropped."""
-        idx = self.index
+        flushed blocks. The blocks looked at are those flushed since (`unpruned`) whose
+        keys are behind a filter (or replaced: lookups skip them); the index drops their
+        entries in one vectorised pass. An entry newer than `upto` stays, and its key in
+        `unpruned`, for the next prune. Returns how many were dropped."""
         registered = self.flushed
         with self.index_lock:
-            work = list(self.unpruned.items())
-        dropped = 0
-        for bid, keys in work:
-            # flushed, and its keys behind a filter (or the block replaced: lookups skip it)
-            b = self.by_id.get(bid)
-            if b is None or not (
-                b.mem.flushed
-                and (bid in registered.slot_of or bid in registered.pending or b.delete_ts != MAX_TS)
-            ):
-                continue
-            klist = keys.tolist() if isinstance(keys, np.ndarray) else list(keys)
-            kept: list[Any] = []
-            for i in range(0, len(klist), PRUNE_CHUNK):  # commits go on between chunks
-                with self.index_lock:
-                    for k in klist[i : i + PRUNE_CHUNK]:
-                        e = idx.get(k)
-                        if e is None or e[0] != bid:
-                            continue  # pruned already, or newer: in another block
-                        if e[2] <= upto:
-                            del idx[k]
-                            dropped += 1
-                        else:
-                            kept.append(k)
-            with self.index_lock:
-                now = self.unpruned.get(bid)
-                if now is keys:
-                    if kept:
-                        self.unpruned[bid] = kept
-                    else:
-                        del self.unpruned[bid]
-                elif now is not None:  # deletes of its rows came meanwhile: keep both
-                    self.unpruned[bid] = list(now) + kept
+            bids = []
+            for bid in self.unpruned:
+                b = self.by_id.get(bid)
+                if b is not None and (
+                    b.mem.flushed
+                    and (
+                        bid in registered.slot_of
+                        or bid in registered.pending
+                        or b.delete_ts != MAX_TS
+                    )
+                ):
+                    bids.append(bid)
+            dropped, kept = self.index.prune(bids, upto)
+            for bid in bids:
+                if bid in kept:
+                    self.unpruned[bid] = kept[bid]
+                else:
+                    del self.unpruned[bid]
         self.flushed.forget_deleted(upto)
         return dropped
