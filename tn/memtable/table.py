@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import pyarrow as pa
@@ -175,6 +175,36 @@ class TableData:
             mem.put(offset, columns, src, n, self.column_types())
             mem.set_cts(offset, n, cts)
 
+    def place_rows(
+        self,
+        blk: BlockNode,
+        rows: np.ndarray,
+        columns: dict[int, Sequence[Any]],
+        cts: np.ndarray,
+        hole_ts: int,
+    ) -> None:
+        """`place` of many transactions' rows at once (replay of a run of entries into one
+        block): row rows[i] of `blk` takes each column's values[i] and commit ts cts[i].
+        The same checks: inside the block, gaps padded with `hole_ts` placeholders, no row
+        taken already (nor twice)."""
+        n = len(rows)
+        if not n:
+            return
+        with self.lock:
+            mem = cast(MemBlock, blk.mem)  # the memtable's blocks (the nodes name a Protocol)
+            lo, end = int(rows.min()), int(rows.max()) + 1
+            if lo < 0 or end > BLOCK_ROWS:
+                raise ValueError(f"block {blk.id}: append outside its {BLOCK_ROWS} rows")
+            if len(mem) < end:
+                mem.pad(end - len(mem), hole_ts)
+            taken = np.nonzero(mem.cts[rows] != hole_ts)[0]
+            if len(taken):
+                raise ValueError(f"block {blk.id}: row {int(rows[taken[0]])} is already taken")
+            if n > 1 and (np.diff(rows) <= 0).any() and len(np.unique(rows)) != n:
+                raise ValueError(f"block {blk.id}: a row is placed twice")
+            mem.put_rows(rows, columns, self.column_types())
+            mem.set_cts_rows(rows, cts)
+
     def block_rows(self) -> list[tuple[BlockNode, int]]:
         """Snapshot of (block, row count) for readers."""
         with self.lock:
@@ -212,6 +242,21 @@ class TableData:
                         by_id[blk.id] = blk
                     if e is None:  # a flushed row's key (pruned): prune it again later
                         self.unpruned.setdefault(blk.id, []).append(key)
+
+    def index_insert_rows(
+        self, keys: Sequence[Any], blk: BlockNode, rows: Sequence[int], ts: Sequence[int]
+    ) -> None:
+        """`index_commit` of many transactions' inserts into one block at once, in commit
+        order (replay): key keys[i] was written at row rows[i] of `blk` at ts[i]. The one
+        place the bulk path touches the index."""
+        idx = self.index
+        bid = blk.id
+        shared = _ROWS
+        with self.index_lock:
+            for key, row, t in zip(keys, rows, ts, strict=True):
+                idx[key] = (bid, shared[row], t, True)
+            if bid not in self.by_id:
+                self.by_id[bid] = blk
 
     def pk_cid(self) -> int:
         assert self.table is not None
