@@ -456,27 +456,49 @@ def _append_in(
     return Append(tuple(infos), streams[b])
 
 
-class LazyGroup:
-    """A version 2 or 3 value, decoded on first use (`LazyEntry`, `group()`)."""
+class LazyGroup(bytes):
+    """A version 2 or 3 value, decoded on first use (`group()`).
 
-    __slots__ = ("_group", "_value", "version", "count", "first", "where")
+    It is also the payload a log driver keeps for each LSN of the record (`lazy_payloads`
+    with `shared`): ONE object per record, where a `LazyEntry` per entry made ~2 objects
+    per entry that the cyclic collector then walked, at every collection, for as long as
+    the driver kept them. `payload_at` gives an LSN's own payload. As bytes it is empty
+    (its encoding is the record's)."""
 
-    def __init__(self, value: bytes, version: int, first: int, count: int, where: str) -> None:
+    _group: Group | None
+    _value: bytes
+    version: int
+    first: int
+    size: int  # entries (not `count`: a bytes method)
+    where: str
+
+    def __new__(cls, value: bytes, version: int, first: int, count: int, where: str) -> LazyGroup:
+        self = super().__new__(cls)
         self._value = value
         self.version = version
         self.first = first
-        self.count = count
+        self.size = count
         self.where = where
-        self._group: Group | None = None
+        self._group = None
+        return self
 
     def group(self) -> Group:
         if self._group is None:
-            self._group = decode_group(self._value, self.version, self.first, self.count, self.where)
+            self._group = decode_group(self._value, self.version, self.first, self.size, self.where)
             self._value = b""
         return self._group
 
     def entries(self) -> list[WalEntry]:
         return self.group().entries()
+
+    def at(self, lsn: int) -> LazyEntry:
+        """The payload of the entry at `lsn` (a `LazyEntry`)."""
+        if not self.first <= lsn < self.first + self.size:
+            raise IndexError(f"LSN {lsn} is not in WAL record {self.where}")
+        p = LazyEntry()
+        p._group = self
+        p._index = lsn - self.first
+        return p
 
 
 class LazyEntry(EncodedEntry):
@@ -499,15 +521,29 @@ class LazyEntry(EncodedEntry):
 
 def group_of(payload: bytes) -> LazyGroup | None:
     """The record a payload came in, when it came in a version 2 or 3 record."""
+    if isinstance(payload, LazyGroup):
+        return payload
     return payload._group if isinstance(payload, LazyEntry) else None
 
 
+def payload_at(payload: bytes, lsn: int) -> bytes:
+    """The payload of the entry at `lsn` from what a driver keeps for it: itself, or its
+    record's shared `LazyGroup` (`lazy_payloads` with `shared`)."""
+    return payload.at(lsn) if isinstance(payload, LazyGroup) else payload
+
+
 def lazy_payloads(
-    value: bytes, first: int, count: int, where: str = "", version: int = RECORD_V2
+    value: bytes,
+    first: int,
+    count: int,
+    where: str = "",
+    version: int = RECORD_V2,
+    shared: bool = False,
 ) -> list[bytes]:
     """The payloads of a version 2 or 3 value, decoded on first use; the envelope is
     checked now (a value that is not a ``wal_group`` / ``wal_group3`` record is refused
-    at once)."""
+    at once). `shared`: every payload is the record's one `LazyGroup` (a driver's
+    bookkeeping; `payload_at` gives each entry's own), else one `LazyEntry` each."""
     expected = WAL_GROUP if version == RECORD_V2 else WAL_GROUP3
     try:
         name = schema_of(value)
@@ -519,13 +555,9 @@ def lazy_payloads(
             f"expected {expected!r}"
         )
     group = LazyGroup(value, version, first, count, where)
-    out: list[bytes] = []
-    for i in range(count):
-        p = LazyEntry()
-        p._group = group
-        p._index = i
-        out.append(p)
-    return out
+    if shared:
+        return [group] * count
+    return [group.at(first + i) for i in range(count)]
 
 
 def entries_of(payloads: Sequence[bytes]) -> list[WalEntry] | None:
@@ -561,4 +593,5 @@ __all__ = [
     "group_of",
     "lazy_payloads",
     "one_block_append",
+    "payload_at",
 ]

@@ -16,8 +16,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
 from schemas.arrow_ipc import ipc_to_table
 from schemas.codec import decode_entry
 from schemas.wal import Append, CatalogKind, Delete, TableSchema, UpdateCatalog, WalEntry
@@ -198,8 +196,7 @@ def _apply_run(cat: Catalog, group: Group, s: int, e: int) -> None:
     else:
         values = {cid: [v[r] for r in src] for cid, v in cols.items()}
         run_keys = [keys[r] for r in src]
-    rows = np.array(dest, dtype=np.int64)
-    t.mem.place_rows(blk, rows, values, np.array(cts, dtype=np.int64), ABORTED_TS)
+    t.mem.place_rows(blk, dest, values, cts, ABORTED_TS)
     t.mem.index_insert_rows(run_keys, blk, dest, cts)
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-import numpy as np
 import pytest
 
 from schemas.codec import decode_entry
@@ -108,15 +107,14 @@ def test_bulk_place_refuses_taken_rows_and_rows_past_the_block() -> None:
     t = next(n for n in e.catalog.nodes.values() if isinstance(n, TableNode) and n.name == "t")
     blk = next(n for n in e.catalog.nodes.values() if isinstance(n, BlockNode))
     cid = t.mem.pk_cid()
-    rows = np.array([1, 3], dtype=np.int64)
-    ts = np.array([7, 8], dtype=np.int64)
     with pytest.raises(ValueError, match=f"block {blk.id}: row 1 is already taken"):
-        t.mem.place_rows(blk, rows, {cid: [10, 11]}, ts, ABORTED_TS)
+        t.mem.place_rows(blk, [1, 3], {cid: [10, 11]}, [7, 8], ABORTED_TS)
     with pytest.raises(ValueError, match="placed twice"):
-        t.mem.place_rows(blk, np.array([5, 5], dtype=np.int64), {cid: [10, 11]}, ts, ABORTED_TS)
+        t.mem.place_rows(blk, [5, 5], {cid: [10, 11]}, [7, 8], ABORTED_TS)
     with pytest.raises(ValueError, match="outside its 8192 rows"):
-        t.mem.place_rows(blk, np.array([8191, 8192]), {cid: [10, 11]}, ts, ABORTED_TS)
+        t.mem.place_rows(blk, [8191, 8192], {cid: [10, 11]}, [7, 8], ABORTED_TS)
     # out of order, past the end: the gap becomes placeholders, each row its own ts
-    t.mem.place_rows(blk, np.array([6, 4], dtype=np.int64), {cid: [16, 14]}, ts, ABORTED_TS)
+    t.mem.place_rows(blk, [6, 4], {cid: [16, 14], 2: ["six", "four"]}, [7, 8], ABORTED_TS)
     assert blk.mem.cts.tolist()[2:] == [ABORTED_TS, ABORTED_TS, 8, ABORTED_TS, 7]
     assert blk.mem.cols[cid][4] == 14 and blk.mem.cols[cid][6] == 16
+    assert blk.mem.arrays(7)[2].to_pylist() == ["a", "b", None, None, "four", None, "six"]

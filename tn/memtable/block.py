@@ -133,9 +133,11 @@ class MemBlock:
         rows: np.ndarray,
         columns: Mapping[int, Sequence[Any]],
         types: Mapping[int, pa.DataType] | Callable[[int], Any] = _NONE,
+        ascending: bool | None = None,
     ) -> None:
         """Row rows[i] of every column in `columns` takes its values[i] (replay's bulk
-        place; the rows' ts are the caller's)."""
+        place; the rows' ts are the caller's). `ascending`: whether `rows` are consecutive
+        and increasing, when the caller knows."""
         cols = self.cols
         for cid, values in columns.items():
             col = cols.get(cid)
@@ -143,7 +145,7 @@ class MemBlock:
                 col = self.column(cid, values, types)
                 if col is None:
                     continue  # nulls so far, type unknown: read as nulls
-            col.put_rows(rows, values)
+            col.put_rows(rows, values, ascending)
 
     def pad(self, n: int, cts: int) -> None:
         """Append n placeholder rows (replay: rows of transactions that never committed)."""

@@ -89,7 +89,9 @@ class FixedColumn:
         part = values[src : src + n] if src or n != len(values) else values
         self._store(slice(at, at + n), part, n)
 
-    def put_rows(self, rows: np.ndarray, values: Sequence[Any]) -> None:
+    def put_rows(
+        self, rows: np.ndarray, values: Sequence[Any], ascending: bool | None = None
+    ) -> None:
         """Row rows[i] takes values[i] (replay's bulk `TableData.place_rows`)."""
         self._store(rows, values, len(rows))
 
@@ -210,16 +212,21 @@ class VarColumn:
         self.used = at + size
         return at
 
-    def put_rows(self, rows: np.ndarray, values: Sequence[Any]) -> None:
-        """Row rows[i] takes values[i] (replay's bulk `TableData.place_rows`)."""
+    def put_rows(
+        self, rows: np.ndarray, values: Sequence[Any], ascending: bool | None = None
+    ) -> None:
+        """Row rows[i] takes values[i] (replay's bulk `TableData.place_rows`). `ascending`:
+        whether `rows` are consecutive and increasing (None: find out)."""
         n = len(rows)
         if not n:
             return
-        first, top = int(rows[0]), int(rows.max()) + 1
-        if first < self.top or (n > 1 and bool((np.diff(rows) <= 0).any())):
+        first = int(rows[0])
+        if ascending is None:
+            ascending = n == 1 or bool((np.diff(rows) == 1).all())
+        if first < self.top or not ascending:
             self.ordered = False  # bytes out of row order
         self._store(rows, values, n)
-        self.top = max(self.top, top)
+        self.top = max(self.top, first + n if ascending else int(rows.max()) + 1)
 
     def put(self, at: int, values: Sequence[Any], src: int, n: int) -> None:
         if at < self.top:

@@ -178,32 +178,36 @@ class TableData:
     def place_rows(
         self,
         blk: BlockNode,
-        rows: np.ndarray,
+        rows: Sequence[int],
         columns: dict[int, Sequence[Any]],
-        cts: np.ndarray,
+        cts: Sequence[int],
         hole_ts: int,
     ) -> None:
         """`place` of many transactions' rows at once (replay of a run of entries into one
         block): row rows[i] of `blk` takes each column's values[i] and commit ts cts[i].
         The same checks: inside the block, gaps padded with `hole_ts` placeholders, no row
-        taken already (nor twice)."""
+        taken already (nor twice). Lists in: the checks on a few rows cost less in Python
+        than numpy's per-call cost; numpy does the writes."""
         n = len(rows)
         if not n:
             return
+        lo, end = min(rows), max(rows) + 1
+        ascending = n == 1 or (end - lo == n and rows[0] == lo and list(rows) == sorted(rows))
         with self.lock:
             mem = cast(MemBlock, blk.mem)  # the memtable's blocks (the nodes name a Protocol)
-            lo, end = int(rows.min()), int(rows.max()) + 1
             if lo < 0 or end > BLOCK_ROWS:
                 raise ValueError(f"block {blk.id}: append outside its {BLOCK_ROWS} rows")
             if len(mem) < end:
                 mem.pad(end - len(mem), hole_ts)
-            taken = np.nonzero(mem.cts[rows] != hole_ts)[0]
-            if len(taken):
-                raise ValueError(f"block {blk.id}: row {int(rows[taken[0]])} is already taken")
-            if n > 1 and (np.diff(rows) <= 0).any() and len(np.unique(rows)) != n:
+            at = np.array(rows, dtype=np.int64)
+            taken = mem.cts[at] != hole_ts
+            if taken.any():
+                first = int(rows[int(np.argmax(taken))])
+                raise ValueError(f"block {blk.id}: row {first} is already taken")
+            if not ascending and len(set(rows)) != n:
                 raise ValueError(f"block {blk.id}: a row is placed twice")
-            mem.put_rows(rows, columns, self.column_types())
-            mem.set_cts_rows(rows, cts)
+            mem.put_rows(at, columns, self.column_types(), ascending)
+            mem.set_cts_rows(at, np.array(cts, dtype=np.int64))
 
     def block_rows(self) -> list[tuple[BlockNode, int]]:
         """Snapshot of (block, row count) for readers."""

@@ -85,7 +85,7 @@ from infra.config import KwalConfig
 from infra.kafka_io import RecordDeleter
 from infra.kafka_txn import TxnBus, TxnChannel, is_fenced
 from infra.topics import ensure_topics, wal_topics
-from schemas.wal_record import RECORD_LATEST, check_version, group_of
+from schemas.wal_record import RECORD_LATEST, check_version, group_of, payload_at
 from tn.logstore.driver import LogClosedError, LogDriver, LogRecord, RecordRun
 from tn.logstore.kafka_backend.exceptions import (
     AppendFailedError,
@@ -325,7 +325,9 @@ class KafkaDriver(LogDriver):
                 value = msg.value() or b""
                 # an unknown version or a garbled value stops the opening (never skipped)
                 where = f"{self.topic}/{msg.partition()}@{msg.offset()}"
-                payloads = decode_value(header, value, where)
+                # a version 2 or 3 record's LSNs all share its one LazyGroup (no object
+                # per entry for the collector to walk): `_read` hands out each one's own
+                payloads = decode_value(header, value, where, shared=True)
             except HeaderError as e:
                 log.warning(
                     "WAL %s: skipping foreign record at %s/%s: %s",
@@ -446,7 +448,7 @@ class KafkaDriver(LogDriver):
                     raise KafkaLogError(f"WAL {self.topic}: LSN {lsn} is not in the log map")
             if out and size + len(payload) > max_bytes:
                 break
-            out.append(LogRecord(lsn, payload))
+            out.append(LogRecord(lsn, payload_at(payload, lsn)))
             size += len(payload)
             lsn += 1
         return out, lsn
@@ -469,7 +471,7 @@ class KafkaDriver(LogDriver):
                 yield RecordRun(lsn, hi, group)
             else:
                 for at in range(lsn, hi + 1):
-                    yield LogRecord(at, self._cache[at])
+                    yield LogRecord(at, payload_at(self._cache[at], at))
             lsn = hi + 1
         yield from LogDriver.runs(self, lsn, max_bytes)
 
@@ -498,7 +500,7 @@ class KafkaDriver(LogDriver):
                 continue
             header = decode_headers(msg.headers())
             where = f"{self.topic}/{seg.partition}@{seg.offset}"
-            payloads = decode_value(header, msg.value() or b"", where)
+            payloads = decode_value(header, msg.value() or b"", where, shared=True)
             return {header.first + i: p for i, p in enumerate(payloads)}
         raise ReplayTimeoutError(
             f"cannot read WAL record {seg.partition}/{seg.offset} of {self.topic}"

@@ -155,15 +155,20 @@ def encode_value(payloads: Sequence[bytes], version: int, first: int) -> tuple[b
     return encode_v1(payloads), RECORD_V1
 
 
-def decode_value(header: RecordHeader, value: bytes, where: str) -> tuple[bytes, ...]:
+def decode_value(
+    header: RecordHeader, value: bytes, where: str, shared: bool = False
+) -> tuple[bytes, ...]:
     """The payloads of an `entries` record of any version (`where` names the record in
     errors). An unknown version raises `UnsupportedFormatError`, a garbled value
     `DecodeError`, both naming the version and `where`: never skipped as foreign.
     Version 2 and 3 entries are decoded when first used (`schemas.wal_record.LazyEntry`),
-    so a garbled body surfaces then."""
+    so a garbled body surfaces then. `shared`: a version 2 or 3 record's payloads are its
+    one `LazyGroup` (`schemas.wal_record.payload_at` gives each entry's own)."""
     if not header.count:
         return ()
     check_version(header.version, where)
     if header.version in (RECORD_V2, RECORD_V3):
-        return tuple(lazy_payloads(value, header.first, header.count, where, header.version))
+        return tuple(
+            lazy_payloads(value, header.first, header.count, where, header.version, shared)
+        )
     return tuple(decode_v1(value, header.count, where))
