@@ -12,7 +12,7 @@ commit ts is ABORTED_TS (never visible), so offsets match.
 from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,6 +36,7 @@ from tn.catalog.catalog import Catalog
 from tn.catalog.nodes import ABORTED_TS, BlockNode, DatabaseNode, SegmentNode, TableNode
 from tn.logstore.driver import LogRecord, RecordRun
 from tn.memtable.block import MemBlock
+from tn.memtable.table import TableData
 from tn.txn.rows import columns_of
 
 
@@ -49,17 +50,41 @@ def replay(catalog: Catalog, records: Iterable[LogRecord | RecordRun]) -> int:
     clock and visible ts then move past."""
     max_id = 0
     last_ts = 0
-    for rec in records:
-        if isinstance(rec, RecordRun):
-            done = apply_group(catalog, rec.group.group(), rec.lo, rec.hi)
-            max_id = max(max_id, done.max_id)
-            last_ts = max(last_ts, done.last_ts)
+    for item in in_chunks(records):
+        if isinstance(item, LogRecord):
+            entry = decode_entry(item.payload)
+            max_id = max(max_id, apply_entry(catalog, entry))
+            last_ts = max(last_ts, entry.txn.commit_ts)
             continue
-        entry = decode_entry(rec.payload)
-        max_id = max(max_id, apply_entry(catalog, entry))
-        last_ts = max(last_ts, entry.txn.commit_ts)
+        done = apply_groups(catalog, item)
+        max_id = max(max_id, done.max_id)
+        last_ts = max(last_ts, done.last_ts)
     catalog.reserve_ids(max_id)
     return last_ts
+
+
+CHUNK_RECORDS = 256  # records applied together (`in_chunks`)
+
+
+def in_chunks(
+    records: Iterable[LogRecord | RecordRun], size: int = CHUNK_RECORDS
+) -> Iterator[LogRecord | list[tuple[Group, int, int]]]:
+    """`records` with consecutive `RecordRun`s gathered `size` at a time, decoded, as
+    `apply_groups` takes them (a run of rows into one block then spans records)."""
+    chunk: list[tuple[Group, int, int]] = []
+    for rec in records:
+        if isinstance(rec, RecordRun):
+            chunk.append((rec.group.group(), rec.lo, rec.hi))
+            if len(chunk) >= size:
+                yield chunk
+                chunk = []
+            continue
+        if chunk:
+            yield chunk
+            chunk = []
+        yield rec
+    if chunk:
+        yield chunk
 
 
 def apply_entry(cat: Catalog, entry: WalEntry) -> int:
@@ -118,50 +143,93 @@ class Applied:
 
 
 def apply_group(cat: Catalog, group: Group, lo: int, hi: int) -> Applied:
-    """Apply the entries lo..hi (LSNs) of a decoded WAL record, in LSN order.
+    """Apply the entries lo..hi (LSNs) of a decoded WAL record (`apply_groups`)."""
+    return apply_groups(cat, [(group, lo, hi)])
 
-    Why not `apply_entry` per entry: a record's one-block Append entries (version 3's
-    ``appends`` columns) are applied as runs -- consecutive entries into the same block
-    from the same batch -- each with ONE bulk place (`TableData.place_rows`, a commit ts
-    per row) and ONE index update (`TableData.index_insert_rows`), so a run costs a few
-    array operations, not a call chain per entry. Every other entry (DDL, deletes,
-    updates, large transactions; all of a version 2 record's) is applied by `apply_entry`
-    in its place in the LSN order, so a block it creates exists before rows land in it."""
-    a = group.appends
-    lsns = a[A_LSN] if a else []
-    i0, i1 = bisect_left(lsns, lo), bisect_right(lsns, hi)
+
+def apply_groups(cat: Catalog, runs: Sequence[tuple[Group, int, int]]) -> Applied:
+    """Apply the entries lo..hi (LSNs) of each decoded WAL record, records and entries in
+    LSN order.
+
+    Why not `apply_entry` per entry: one-block Append entries (version 3's ``appends``
+    columns) are gathered into runs -- consecutive entries into the same block, across
+    records -- each placed with ONE `TableData.place_rows` (a commit ts per row) and
+    indexed with ONE `TableData.index_insert_rows`, so a run costs a few list and array
+    operations, not a call chain per entry (nor per record: consecutive records fill the
+    same block). Every other entry (DDL, deletes, updates, large transactions; all of a
+    version 2 record's) is applied by `apply_entry` in its place in the LSN order, after
+    the run gathered so far is placed: it sees every row before it."""
     out = Applied(lsns=[], cts=[], memos=[])
     assert out.lsns is not None and out.cts is not None and out.memos is not None
-    at = i0
-    for e in group.others:
-        if not lo <= e.lsn <= hi:
-            continue
-        stop = bisect_left(lsns, e.lsn, at, i1)
-        if stop > at:
-            _apply_appends(cat, group, at, stop, out)
-            at = stop
-        out.max_id = max(out.max_id, apply_entry(cat, e))
-        cts = e.txn.commit_ts
-        out.last_ts = max(out.last_ts, cts)
-        out.lsns.append(e.lsn)
-        out.cts.append(cts)
-        out.memos.append(tuple(d.block_id for d in e.txn.memo))
-    if i1 > at:
-        _apply_appends(cat, group, at, i1, out)
+    run: _Run | None = None
+    for group, lo, hi in runs:
+        a = group.appends
+        lsns = a[A_LSN] if a else []
+        i0, i1 = bisect_left(lsns, lo), bisect_right(lsns, hi)
+        at = i0
+        for e in group.others:
+            if not lo <= e.lsn <= hi:
+                continue
+            stop = bisect_left(lsns, e.lsn, at, i1)
+            if stop > at:
+                run = _gather(cat, group, at, stop, out, run)
+                at = stop
+            if run is not None:
+                run.place()
+                run = None
+            out.max_id = max(out.max_id, apply_entry(cat, e))
+            cts = e.txn.commit_ts
+            out.last_ts = max(out.last_ts, cts)
+            out.lsns.append(e.lsn)
+            out.cts.append(cts)
+            out.memos.append(tuple(d.block_id for d in e.txn.memo))
+        if i1 > at:
+            run = _gather(cat, group, at, i1, out, run)
+    if run is not None:
+        run.place()
     return out
 
 
-def _apply_appends(cat: Catalog, group: Group, i0: int, i1: int, out: Applied) -> None:
-    """Appends i0..i1-1 of the group (in LSN order), run by run."""
+class _Run:
+    """Rows gathered for one block (`apply_groups`): where each lands, its commit ts, its
+    values by column id, its key."""
+
+    __slots__ = ("table", "block", "dest", "cts", "values", "keys")
+
+    def __init__(self, table: TableNode, block: BlockNode, values: dict[int, list[Any]]) -> None:
+        self.table = table
+        self.block = block
+        self.dest: list[int] = []
+        self.cts: list[int] = []
+        self.values = values
+        self.keys: list[Any] = []
+
+    def place(self) -> None:
+        """Place and index the rows gathered."""
+        mem: TableData = self.table.mem  # type: ignore[assignment]  # the catalog names a Protocol
+        mem.place_rows(self.block, self.dest, self.values, self.cts, ABORTED_TS)
+        mem.index_insert_rows(self.keys, self.block, self.dest, self.cts)
+
+
+def _gather(
+    cat: Catalog, group: Group, i0: int, i1: int, out: Applied, run: _Run | None
+) -> _Run | None:
+    """Add appends i0..i1-1 of the group to the runs (placing each run its block ends)."""
     a = group.appends
-    blocks, batches = a[A_BLOCK], a[A_BATCH]
+    blocks, tables, batches = a[A_BLOCK], a[A_TABLE], a[A_BATCH]
     s = i0
-    while s < i1:  # a run: consecutive entries with the same block and batch
+    while s < i1:  # a part: consecutive entries with the same block and batch
         b, bt = blocks[s], batches[s]
         e = s + 1
         while e < i1 and blocks[e] == b and batches[e] == bt:
             e += 1
-        _apply_run(cat, group, s, e)
+        if run is None or run.block.id != b or any(x != run.table.id for x in tables[s:e]):
+            if run is not None:
+                run.place()
+            run = _start(cat, tables[s], b)
+            if any(x != run.table.id for x in tables[s:e]):
+                raise ReplayError(f"WAL appends into block {b} name several tables")
+        _add(run, group, s, e)
         s = e
     cts = a[A_CTS][i0:i1]
     out.max_id = max(out.max_id, *(max(a[c][i0:i1]) for c in (A_DB, A_TABLE, A_SEGMENT, A_BLOCK)))
@@ -170,16 +238,21 @@ def _apply_appends(cat: Catalog, group: Group, i0: int, i1: int, out: Applied) -
     out.lsns.extend(a[A_LSN][i0:i1])
     out.cts.extend(cts)
     out.memos.extend([(b,) for b in blocks[i0:i1]])
+    return run
 
 
-def _apply_run(cat: Catalog, group: Group, s: int, e: int) -> None:
-    """Appends s..e-1 of the group, one run (same block, same batch): one place, one index
-    update."""
-    a = group.appends
-    t = _node(cat, a[A_TABLE][s], TableNode)
-    blk = _node(cat, a[A_BLOCK][s], BlockNode)
-    if blk.segment.table is not t or any(x != t.id for x in a[A_TABLE][s:e]):
+def _start(cat: Catalog, table_id: int, block_id: int) -> _Run:
+    t = _node(cat, table_id, TableNode)
+    blk = _node(cat, block_id, BlockNode)
+    if blk.segment.table is not t:
         raise ReplayError(f"WAL appends into block {blk.id} name another table than its own")
+    return _Run(t, blk, {})
+
+
+def _add(run: _Run, group: Group, s: int, e: int) -> None:
+    """Appends s..e-1 of the group (same block, same batch) join `run`."""
+    a = group.appends
+    t = run.table
     schema = t.schemas[-1][1]
     cols, keys = _columns(group.streams[a[A_BATCH][s]], schema)
     src, dest, cts = a[A_ROW][s:e], a[A_DEST][s:e], a[A_CTS][s:e]
@@ -191,13 +264,25 @@ def _apply_run(cat: Catalog, group: Group, s: int, e: int) -> None:
     n = len(src)
     s0 = src[0]
     if src == list(range(s0, s0 + n)):  # the entries' rows follow each other in the batch
-        values = {cid: v[s0 : s0 + n] for cid, v in cols.items()}
-        run_keys = keys[s0 : s0 + n]
+        take: Any = slice(s0, s0 + n)
+        run_keys = keys[take]
     else:
-        values = {cid: [v[r] for r in src] for cid, v in cols.items()}
+        take = src
         run_keys = [keys[r] for r in src]
-    t.mem.place_rows(blk, dest, values, cts, ABORTED_TS)
-    t.mem.index_insert_rows(run_keys, blk, dest, cts)
+    values = run.values
+    if run.dest and values.keys() != cols.keys():
+        # another set of columns than the rows gathered: those are placed first
+        run.place()
+        run.dest, run.cts, run.keys, values = [], [], [], {}
+        run.values = values
+    if not run.dest:
+        for cid in cols:
+            values[cid] = []
+    for cid, v in cols.items():
+        values[cid] += v[take] if type(take) is slice else [v[r] for r in take]
+    run.dest += dest
+    run.cts += cts
+    run.keys += run_keys
 
 
 # The last batch's columns (`_columns`): since WAL record format 2 the entries of a record

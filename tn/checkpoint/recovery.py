@@ -29,10 +29,10 @@ from tn.checkpoint.exceptions import CheckpointError
 from tn.checkpoint.manifest import CatalogSnapshot, Manifest, newest_manifest, schema_in
 from tn.checkpoint.runner import CheckpointRunner, Touched
 from tn.engine import Engine
-from tn.logstore.driver import LogStore, RecordRun
+from tn.logstore.driver import LogRecord, LogStore
 from tn.memtable.block import BLOCK_ROWS, DroppedCols, MemBlock
 from tn.memtable.columns import new_column
-from tn.replay import apply_entry, apply_group
+from tn.replay import apply_entry, apply_groups, in_chunks
 
 _MASK = (1 << 16) - 1
 
@@ -88,9 +88,9 @@ def _recover(
     touched = rec.touched
     # a record at a time where the log stores entries in groups (`apply_group`), else
     # entry by entry
-    for r in log.runs(from_lsn):
-        if isinstance(r, RecordRun):
-            done = apply_group(cat, r.group.group(), r.lo, r.hi)
+    for r in in_chunks(log.runs(from_lsn)):
+        if not isinstance(r, LogRecord):
+            done = apply_groups(cat, r)
             assert done.lsns is not None and done.cts is not None and done.memos is not None
             max_id = max(max_id, done.max_id)
             last_ts = max(last_ts, done.last_ts)

@@ -22,7 +22,7 @@ untracks them, so a large working set costs it nothing to walk.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, cast
 
 import numpy as np
@@ -179,7 +179,7 @@ class TableData:
         self,
         blk: BlockNode,
         rows: Sequence[int],
-        columns: dict[int, Sequence[Any]],
+        columns: Mapping[int, Sequence[Any]],
         cts: Sequence[int],
         hole_ts: int,
     ) -> None:
