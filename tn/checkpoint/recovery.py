@@ -86,8 +86,8 @@ def _recover(
     last_ts = m.ts if m is not None else 0
     from_lsn = m.lsn + 1 if m is not None else None
     touched = rec.touched
-    # a record at a time where the log stores entries in groups (`apply_group`), else
-    # entry by entry
+    # records a chunk at a time where the log stores entries in groups (`apply_groups`),
+    # else entry by entry
     for r in in_chunks(log.runs(from_lsn)):
         if not isinstance(r, LogRecord):
             done = apply_groups(cat, r)

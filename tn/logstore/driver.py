@@ -160,11 +160,10 @@ class LogStore:
     def records(self, from_lsn: int | None = None, max_bytes: int = 4 << 20) -> Iterator[LogRecord]:
         """Every stored entry from `from_lsn` (default: just after the truncation point)."""
         lsn = self._driver.truncated() + 1 if from_lsn is None else from_lsn
-        while True:
-            batch, lsn = self._driver.read(lsn, max_bytes)
-            if not batch:
-                return
-            yield from batch
+        # the base class's entry-by-entry `runs`, whatever the backend overrides it with
+        for r in LogDriver.runs(self._driver, lsn, max_bytes):
+            assert isinstance(r, LogRecord)
+            yield r
 
     def runs(self, from_lsn: int | None = None) -> Iterator[LogRecord | RecordRun]:
         """`records`, except that entries stored together may come as one `RecordRun`
