@@ -86,7 +86,7 @@ class Engine:
             )
 
         engine = cls(log, **kw)
-        last_ts = replay(engine.catalog, log.records())
+        last_ts = replay(engine.catalog, log.runs())
         engine.clock.observe(last_ts)
         engine.pipeline.visible_ts = max(engine.pipeline.visible_ts, last_ts)
         return engine

@@ -11,16 +11,32 @@ commit ts is ABORTED_TS (never visible), so offsets match.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from bisect import bisect_left, bisect_right
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from schemas.arrow_ipc import ipc_to_table
 from schemas.codec import decode_entry
 from schemas.wal import Append, CatalogKind, Delete, TableSchema, UpdateCatalog, WalEntry
+from schemas.wal_record import (
+    A_BATCH,
+    A_BLOCK,
+    A_CTS,
+    A_DB,
+    A_DEST,
+    A_LSN,
+    A_ROW,
+    A_ROWS,
+    A_SEGMENT,
+    A_TABLE,
+    Group,
+)
 from tn.catalog.catalog import Catalog
 from tn.catalog.nodes import ABORTED_TS, BlockNode, DatabaseNode, SegmentNode, TableNode
-from tn.logstore.driver import LogRecord
+from tn.logstore.driver import LogRecord, RecordRun
 from tn.memtable.block import MemBlock
+from tn.memtable.table import TableData
 from tn.txn.rows import columns_of
 
 
@@ -28,17 +44,47 @@ class ReplayError(Exception):
     """A WAL entry does not fit the state rebuilt from the entries before it."""
 
 
-def replay(catalog: Catalog, records: Iterable[LogRecord]) -> int:
-    """Apply every record in order to `catalog`; returns the highest commit ts applied (0:
-    none), which the engine's clock and visible ts then move past."""
+def replay(catalog: Catalog, records: Iterable[LogRecord | RecordRun]) -> int:
+    """Apply every record in order to `catalog` (entries, or runs of a record's entries:
+    `LogStore.runs`); returns the highest commit ts applied (0: none), which the engine's
+    clock and visible ts then move past."""
     max_id = 0
     last_ts = 0
-    for rec in records:
-        entry = decode_entry(rec.payload)
-        max_id = max(max_id, apply_entry(catalog, entry))
-        last_ts = max(last_ts, entry.txn.commit_ts)
+    for item in in_chunks(records):
+        if isinstance(item, LogRecord):
+            entry = decode_entry(item.payload)
+            max_id = max(max_id, apply_entry(catalog, entry))
+            last_ts = max(last_ts, entry.txn.commit_ts)
+            continue
+        done = apply_groups(catalog, item)
+        max_id = max(max_id, done.max_id)
+        last_ts = max(last_ts, done.last_ts)
     catalog.reserve_ids(max_id)
     return last_ts
+
+
+CHUNK_RECORDS = 256  # records applied together (`in_chunks`)
+
+
+def in_chunks(
+    records: Iterable[LogRecord | RecordRun], size: int = CHUNK_RECORDS
+) -> Iterator[LogRecord | list[tuple[Group, int, int]]]:
+    """`records` with consecutive `RecordRun`s gathered `size` at a time, decoded, as
+    `apply_groups` takes them (a run of rows into one block then spans records)."""
+    chunk: list[tuple[Group, int, int]] = []
+    for rec in records:
+        if isinstance(rec, RecordRun):
+            chunk.append((rec.group.group(), rec.lo, rec.hi))
+            if len(chunk) >= size:
+                yield chunk
+                chunk = []
+            continue
+        if chunk:
+            yield chunk
+            chunk = []
+        yield rec
+    if chunk:
+        yield chunk
 
 
 def apply_entry(cat: Catalog, entry: WalEntry) -> int:
@@ -82,6 +128,161 @@ def apply_entry(cat: Catalog, entry: WalEntry) -> int:
     for t, (ins, dl) in changed.items():
         t.mem.index_commit(ins, dl, cts)
     return max_id
+
+
+@dataclass
+class Applied:
+    """What `apply_group` applied: the highest node id named and commit ts, and per entry
+    (in LSN order) its LSN, commit ts and the block ids of its memo."""
+
+    max_id: int = 0
+    last_ts: int = 0
+    lsns: list[int] | None = None
+    cts: list[int] | None = None
+    memos: list[tuple[int, ...]] | None = None
+
+
+def apply_group(cat: Catalog, group: Group, lo: int, hi: int) -> Applied:
+    """Apply the entries lo..hi (LSNs) of a decoded WAL record (`apply_groups`)."""
+    return apply_groups(cat, [(group, lo, hi)])
+
+
+def apply_groups(cat: Catalog, runs: Sequence[tuple[Group, int, int]]) -> Applied:
+    """Apply the entries lo..hi (LSNs) of each decoded WAL record, records and entries in
+    LSN order.
+
+    Why not `apply_entry` per entry: one-block Append entries (version 3's ``appends``
+    columns) are gathered into runs -- consecutive entries into the same block, across
+    records -- each placed with ONE `TableData.place_rows` (a commit ts per row) and
+    indexed with ONE `TableData.index_insert_rows`, so a run costs a few list and array
+    operations, not a call chain per entry (nor per record: consecutive records fill the
+    same block). Every other entry (DDL, deletes, updates, large transactions; all of a
+    version 2 record's) is applied by `apply_entry` in its place in the LSN order, after
+    the run gathered so far is placed: it sees every row before it."""
+    out = Applied(lsns=[], cts=[], memos=[])
+    assert out.lsns is not None and out.cts is not None and out.memos is not None
+    run: _Run | None = None
+    for group, lo, hi in runs:
+        a = group.appends
+        lsns = a[A_LSN] if a else []
+        i0, i1 = bisect_left(lsns, lo), bisect_right(lsns, hi)
+        at = i0
+        for e in group.others:
+            if not lo <= e.lsn <= hi:
+                continue
+            stop = bisect_left(lsns, e.lsn, at, i1)
+            if stop > at:
+                run = _gather(cat, group, at, stop, out, run)
+                at = stop
+            if run is not None:
+                run.place()
+                run = None
+            out.max_id = max(out.max_id, apply_entry(cat, e))
+            cts = e.txn.commit_ts
+            out.last_ts = max(out.last_ts, cts)
+            out.lsns.append(e.lsn)
+            out.cts.append(cts)
+            out.memos.append(tuple(d.block_id for d in e.txn.memo))
+        if i1 > at:
+            run = _gather(cat, group, at, i1, out, run)
+    if run is not None:
+        run.place()
+    return out
+
+
+class _Run:
+    """Rows gathered for one block (`apply_groups`): where each lands, its commit ts, its
+    values by column id, its key."""
+
+    __slots__ = ("table", "block", "dest", "cts", "values", "keys")
+
+    def __init__(self, table: TableNode, block: BlockNode, values: dict[int, list[Any]]) -> None:
+        self.table = table
+        self.block = block
+        self.dest: list[int] = []
+        self.cts: list[int] = []
+        self.values = values
+        self.keys: list[Any] = []
+
+    def place(self) -> None:
+        """Place and index the rows gathered."""
+        mem: TableData = self.table.mem  # type: ignore[assignment]  # the catalog names a Protocol
+        mem.place_rows(self.block, self.dest, self.values, self.cts, ABORTED_TS)
+        mem.index_insert_rows(self.keys, self.block, self.dest, self.cts)
+
+
+def _gather(
+    cat: Catalog, group: Group, i0: int, i1: int, out: Applied, run: _Run | None
+) -> _Run | None:
+    """Add appends i0..i1-1 of the group to the runs (placing each run its block ends)."""
+    a = group.appends
+    blocks, tables, batches = a[A_BLOCK], a[A_TABLE], a[A_BATCH]
+    s = i0
+    while s < i1:  # a part: consecutive entries with the same block and batch
+        b, bt = blocks[s], batches[s]
+        e = s + 1
+        while e < i1 and blocks[e] == b and batches[e] == bt:
+            e += 1
+        if run is None or run.block.id != b or any(x != run.table.id for x in tables[s:e]):
+            if run is not None:
+                run.place()
+            run = _start(cat, tables[s], b)
+            if any(x != run.table.id for x in tables[s:e]):
+                raise ReplayError(f"WAL appends into block {b} name several tables")
+        _add(run, group, s, e)
+        s = e
+    cts = a[A_CTS][i0:i1]
+    out.max_id = max(out.max_id, *(max(a[c][i0:i1]) for c in (A_DB, A_TABLE, A_SEGMENT, A_BLOCK)))
+    out.last_ts = max(out.last_ts, max(cts))
+    assert out.lsns is not None and out.cts is not None and out.memos is not None
+    out.lsns.extend(a[A_LSN][i0:i1])
+    out.cts.extend(cts)
+    out.memos.extend([(b,) for b in blocks[i0:i1]])
+    return run
+
+
+def _start(cat: Catalog, table_id: int, block_id: int) -> _Run:
+    t = _node(cat, table_id, TableNode)
+    blk = _node(cat, block_id, BlockNode)
+    if blk.segment.table is not t:
+        raise ReplayError(f"WAL appends into block {blk.id} name another table than its own")
+    return _Run(t, blk, {})
+
+
+def _add(run: _Run, group: Group, s: int, e: int) -> None:
+    """Appends s..e-1 of the group (same block, same batch) join `run`."""
+    a = group.appends
+    t = run.table
+    schema = t.schemas[-1][1]
+    cols, keys = _columns(group.streams[a[A_BATCH][s]], schema)
+    src, dest, cts = a[A_ROW][s:e], a[A_DEST][s:e], a[A_CTS][s:e]
+    ns = a[A_ROWS][s:e]
+    if max(ns) > 1:  # multi-row entries: one element per row
+        src = [r + j for r, n in zip(src, ns, strict=True) for j in range(n)]
+        dest = [r + j for r, n in zip(dest, ns, strict=True) for j in range(n)]
+        cts = [c for c, n in zip(cts, ns, strict=True) for _ in range(n)]
+    n = len(src)
+    s0 = src[0]
+    if src == list(range(s0, s0 + n)):  # the entries' rows follow each other in the batch
+        take: Any = slice(s0, s0 + n)
+        run_keys = keys[take]
+    else:
+        take = src
+        run_keys = [keys[r] for r in src]
+    values = run.values
+    if run.dest and values.keys() != cols.keys():
+        # another set of columns than the rows gathered: those are placed first
+        run.place()
+        run.dest, run.cts, run.keys, values = [], [], [], {}
+        run.values = values
+    if not run.dest:
+        for cid in cols:
+            values[cid] = []
+    for cid, v in cols.items():
+        values[cid] += v[take] if type(take) is slice else [v[r] for r in take]
+    run.dest += dest
+    run.cts += cts
+    run.keys += run_keys
 
 
 # The last batch's columns (`_columns`): since WAL record format 2 the entries of a record

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import gc
 import logging
 import tempfile
 import threading
@@ -128,7 +129,7 @@ def run(args: argparse.Namespace, cfg: KwalConfig) -> int:
     from ops.bench.kafka import bench_kafka
     from tn.checkpoint.compaction import attach_object
     from tn.checkpoint.dump import to_parquet
-    from tn.checkpoint.recovery import recover
+    from tn.checkpoint.recovery import Recovered, recover
     from tn.checkpoint.runner import CheckpointRunner
     from tn.engine import Engine
     from tn.logstore.driver import LogStore
@@ -195,6 +196,7 @@ def run(args: argparse.Namespace, cfg: KwalConfig) -> int:
         result["checkpoint_bytes"] = m.object_bytes
         done = 0
         next_key = rows + 1
+        rec: Recovered | None = None
         for n in sizes:
             t0 = time.perf_counter()
             _commit_singles(engine, n - done, next_key)
@@ -203,6 +205,13 @@ def run(args: argparse.Namespace, cfg: KwalConfig) -> int:
             done = n
             engine.close()
             log.close()
+            # a restarting TN is a fresh process: the stopped engine's heap is released
+            # before the clock starts (else the collector walks it during the restart --
+            # the full collection after the driver's paused reading took up to half of
+            # the opening under py-spy)
+            del engine, runner, log, driver
+            rec = None
+            gc.collect()
             # (3) restart to serving
             t0 = time.perf_counter()
             log, driver = open_log()

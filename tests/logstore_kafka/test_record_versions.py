@@ -1,6 +1,6 @@
 """WAL record format versions on a real Kafka WAL topic: records written in the old
-format (version 1, one Avro + Arrow payload per entry) replay beside version 2 records
-(one columnar payload per record), and a record of an unknown version stops the opening
+formats (version 1, one Avro + Arrow payload per entry; version 2, one columnar payload
+per record) replay beside version 3 records (one-block appends as int64 columns), and a record of an unknown version stops the opening
 with an error naming the version and the record."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from confluent_kafka import Consumer, TopicPartition
 
 from infra.config import KwalConfig
 from schemas.exceptions import DecodeError, UnsupportedFormatError
-from schemas.wal_record import RECORD_V1, RECORD_V2
+from schemas.wal_record import RECORD_V1, RECORD_V2, RECORD_V3
 from tests.logstore_kafka.conftest import RawWal
 from tests.tn.helpers import setup_table
 from tn.engine import Engine
@@ -84,26 +84,35 @@ def test_old_format_records_replay_beside_new_ones(wal_config: KwalConfig) -> No
     engine.close()
     log.close()
     assert {v for v, _ in _versions(wal_config)} == {RECORD_V1}
-    # 2. today's writer replays them, then appends version 2 records
-    log = LogStore(KafkaDriver(wal_config, delete_records=False))
+    # 2. a version 2 writer replays them, then appends version 2 records
+    log = LogStore(KafkaDriver(wal_config, delete_records=False, record_version=RECORD_V2))
     engine = Engine.recover(log)
     assert physical_state(engine.catalog) == state_v1
     _commit_concurrently(engine, 100_000)
-    state_both = physical_state(engine.catalog)
-    read_both = engine.read("db", "t")
+    state_v2 = physical_state(engine.catalog)
+    engine.close()
+    log.close()
+    # 3. today's writer replays both, then appends version 3 records
+    log = LogStore(KafkaDriver(wal_config, delete_records=False))
+    engine = Engine.recover(log)
+    assert physical_state(engine.catalog) == state_v2
+    _commit_concurrently(engine, 200_000)
+    state_all = physical_state(engine.catalog)
+    read_all = engine.read("db", "t")
     engine.close()
     log.close()
     versions = _versions(wal_config)
-    assert {v for v, _ in versions} == {RECORD_V1, RECORD_V2}
+    assert {v for v, _ in versions} == {RECORD_V1, RECORD_V2, RECORD_V3}
     # the new records did group several entries into one columnar payload
     assert max(n for v, n in versions if v == RECORD_V2) > 1
-    # 3. both versions replay into the same state, rows and all
+    assert max(n for v, n in versions if v == RECORD_V3) > 1
+    # 4. the three versions replay into the same state, rows and all
     log = LogStore(KafkaDriver(wal_config, delete_records=False))
     engine = Engine.recover(log)
     try:
-        assert physical_state(engine.catalog) == state_both
-        assert engine.read("db", "t").equals(read_both)
-        assert read_both.num_rows == 2 * 4 * 3  # of each insert's two rows, one survives
+        assert physical_state(engine.catalog) == state_all
+        assert engine.read("db", "t").equals(read_all)
+        assert read_all.num_rows == 3 * 4 * 3  # of each insert's two rows, one survives
     finally:
         engine.close()
         log.close()

@@ -29,10 +29,10 @@ from tn.checkpoint.exceptions import CheckpointError
 from tn.checkpoint.manifest import CatalogSnapshot, Manifest, newest_manifest, schema_in
 from tn.checkpoint.runner import CheckpointRunner, Touched
 from tn.engine import Engine
-from tn.logstore.driver import LogStore
+from tn.logstore.driver import LogRecord, LogStore
 from tn.memtable.block import BLOCK_ROWS, DroppedCols, MemBlock
 from tn.memtable.columns import new_column
-from tn.replay import apply_entry
+from tn.replay import apply_entry, apply_groups, in_chunks
 
 _MASK = (1 << 16) - 1
 
@@ -85,12 +85,23 @@ def _recover(
     max_id = 0
     last_ts = m.ts if m is not None else 0
     from_lsn = m.lsn + 1 if m is not None else None
-    for r in log.records(from_lsn):
+    touched = rec.touched
+    # records a chunk at a time where the log stores entries in groups (`apply_groups`),
+    # else entry by entry
+    for r in in_chunks(log.runs(from_lsn)):
+        if not isinstance(r, LogRecord):
+            done = apply_groups(cat, r)
+            assert done.lsns is not None and done.cts is not None and done.memos is not None
+            max_id = max(max_id, done.max_id)
+            last_ts = max(last_ts, done.last_ts)
+            touched.extend(map(Touched, done.cts, done.lsns, done.memos))
+            rec.replayed += len(done.lsns)
+            continue
         entry = decode_entry(r.payload)
         max_id = max(max_id, apply_entry(cat, entry))
         cts = entry.txn.commit_ts
         last_ts = max(last_ts, cts)
-        rec.touched.append(Touched(cts, entry.lsn, tuple(d.block_id for d in entry.txn.memo)))
+        touched.append(Touched(cts, entry.lsn, tuple(d.block_id for d in entry.txn.memo)))
         rec.replayed += 1
     cat.reserve_ids(max_id)
     engine.clock.observe(last_ts)

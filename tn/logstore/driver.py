@@ -31,6 +31,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +40,17 @@ class LogRecord:
 
     lsn: int
     payload: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class RecordRun:
+    """Entries lo..hi, stored together in one record and handed over as that record
+    (`LogStore.runs`): `group` is its `schemas.wal_record.LazyGroup`, which decodes them
+    all at once, so a replaying caller applies them as a group, not one by one."""
+
+    lo: int
+    hi: int
+    group: Any
 
 
 class LogStoreError(Exception):
@@ -81,6 +93,16 @@ class LogDriver(ABC):
     @abstractmethod
     def close(self) -> None:
         """Flush what is queued, complete or fail every future, release resources."""
+
+    def runs(self, from_lsn: int, max_bytes: int = 4 << 20) -> Iterator[LogRecord | RecordRun]:
+        """Every stored entry from `from_lsn`, as `read` gives them; a backend that stores
+        entries in groups may hand a group over whole, as a `RecordRun`."""
+        lsn = from_lsn
+        while True:
+            batch, lsn = self.read(lsn, max_bytes)
+            if not batch:
+                return
+            yield from batch
 
     def identity(self) -> str:
         """Names this log (its folder, its topic), so that a checkpoint taken of it is never
@@ -138,11 +160,16 @@ class LogStore:
     def records(self, from_lsn: int | None = None, max_bytes: int = 4 << 20) -> Iterator[LogRecord]:
         """Every stored entry from `from_lsn` (default: just after the truncation point)."""
         lsn = self._driver.truncated() + 1 if from_lsn is None else from_lsn
-        while True:
-            batch, lsn = self._driver.read(lsn, max_bytes)
-            if not batch:
-                return
-            yield from batch
+        # the base class's entry-by-entry `runs`, whatever the backend overrides it with
+        for r in LogDriver.runs(self._driver, lsn, max_bytes):
+            assert isinstance(r, LogRecord)
+            yield r
+
+    def runs(self, from_lsn: int | None = None) -> Iterator[LogRecord | RecordRun]:
+        """`records`, except that entries stored together may come as one `RecordRun`
+        (replay applies those a record at a time)."""
+        lsn = self._driver.truncated() + 1 if from_lsn is None else from_lsn
+        return self._driver.runs(lsn)
 
     def truncate(self, lsn: int) -> None:
         self._driver.truncate(lsn)

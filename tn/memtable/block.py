@@ -14,7 +14,7 @@ across alter table); a column the block has not seen yet reads as nulls.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -128,6 +128,25 @@ class MemBlock:
                     continue  # nulls so far, type unknown: read as nulls
             col.put(at, values, src, n)
 
+    def put_rows(
+        self,
+        rows: np.ndarray,
+        columns: Mapping[int, Sequence[Any]],
+        types: Mapping[int, pa.DataType] | Callable[[int], Any] = _NONE,
+        ascending: bool | None = None,
+    ) -> None:
+        """Row rows[i] of every column in `columns` takes its values[i] (replay's bulk
+        place; the rows' ts are the caller's). `ascending`: whether `rows` are consecutive
+        and increasing, when the caller knows."""
+        cols = self.cols
+        for cid, values in columns.items():
+            col = cols.get(cid)
+            if col is None:
+                col = self.column(cid, values, types)
+                if col is None:
+                    continue  # nulls so far, type unknown: read as nulls
+            col.put_rows(rows, values, ascending)
+
     def pad(self, n: int, cts: int) -> None:
         """Append n placeholder rows (replay: rows of transactions that never committed)."""
         self.write({}, 0, n, cts)
@@ -140,6 +159,13 @@ class MemBlock:
             c[start] = ts
         else:
             c[start : start + n] = ts
+
+    def set_cts_rows(self, rows: np.ndarray, ts: np.ndarray) -> None:
+        """Row rows[i] takes commit ts ts[i] (replay's bulk place)."""
+        c = self._cts
+        if not isinstance(c, np.ndarray):
+            raise TypeError("a flushed block's rows are final: its commit ts cannot change")
+        c[rows] = ts
 
     def load(self, cts: np.ndarray, dts: np.ndarray, cols: dict[int, Any]) -> None:
         """The block's rows from its objects (recovery of a block not complete at the

@@ -87,20 +87,29 @@ class FixedColumn:
                 self.valid[at] = True
             return
         part = values[src : src + n] if src or n != len(values) else values
+        self._store(slice(at, at + n), part, n)
+
+    def put_rows(
+        self, rows: np.ndarray, values: Sequence[Any], ascending: bool | None = None
+    ) -> None:
+        """Row rows[i] takes values[i] (replay's bulk `TableData.place_rows`)."""
+        self._store(rows, values, len(rows))
+
+    def _store(self, at: slice | np.ndarray, part: Sequence[Any], n: int) -> None:
         data = self.data
         kind = data.dtype.kind
         try:
             if kind == "b" and None in part:  # numpy reads None as False
                 raise TypeError
-            data[at : at + n] = part  # int64: None raises; float64: None reads as NaN
-            if kind != "f" or not np.isnan(data[at : at + n]).any():
-                self.valid[at : at + n] = True
+            data[at] = part  # int64: None raises; float64: None reads as NaN
+            if kind != "f" or not np.isnan(data[at]).any():
+                self.valid[at] = True
                 return
         except TypeError:
             pass
         # nulls (or NaNs: told apart from nulls here, value by value)
-        data[at : at + n] = [0 if v is None else v for v in part]
-        self.valid[at : at + n] = np.fromiter((v is not None for v in part), np.bool_, n)
+        data[at] = [0 if v is None else v for v in part]
+        self.valid[at] = np.fromiter((v is not None for v in part), np.bool_, n)
 
     def arrow(self, n: int) -> pa.Array:
         """Rows [0, n) as an Arrow array of the column's type."""
@@ -140,9 +149,12 @@ class TimestampColumn(FixedColumn):
         self.valid = np.zeros(cap, dtype=np.bool_)
 
     def put(self, at: int, values: Sequence[Any], src: int, n: int) -> None:
-        arr = pa.array(list(values[src : src + n]), type=self.type)
-        self.data[at : at + n] = arr.cast(pa.int64()).fill_null(0).to_numpy()
-        self.valid[at : at + n] = arr.is_valid().to_numpy(zero_copy_only=False)
+        self._store(slice(at, at + n), values[src : src + n], n)
+
+    def _store(self, at: slice | np.ndarray, part: Sequence[Any], n: int) -> None:
+        arr = pa.array(list(part), type=self.type)
+        self.data[at] = arr.cast(pa.int64()).fill_null(0).to_numpy()
+        self.valid[at] = arr.is_valid().to_numpy(zero_copy_only=False)
 
     def _buffer(self, n: int) -> pa.Buffer:
         return pa.py_buffer(self.data[:n])
@@ -200,6 +212,22 @@ class VarColumn:
         self.used = at + size
         return at
 
+    def put_rows(
+        self, rows: np.ndarray, values: Sequence[Any], ascending: bool | None = None
+    ) -> None:
+        """Row rows[i] takes values[i] (replay's bulk `TableData.place_rows`). `ascending`:
+        whether `rows` are consecutive and increasing (None: find out)."""
+        n = len(rows)
+        if not n:
+            return
+        first = int(rows[0])
+        if ascending is None:
+            ascending = n == 1 or bool((np.diff(rows) == 1).all())
+        if first < self.top or not ascending:
+            self.ordered = False  # bytes out of row order
+        self._store(rows, values, n)
+        self.top = max(self.top, first + n if ascending else int(rows.max()) + 1)
+
     def put(self, at: int, values: Sequence[Any], src: int, n: int) -> None:
         if at < self.top:
             self.ordered = False  # replay filled a placeholder: bytes out of row order
@@ -218,6 +246,11 @@ class VarColumn:
             self.top = max(self.top, at + 1)
             return
         part = values[src : src + n] if src or n != len(values) else values
+        self._store(slice(at, at + n), part, n)
+        self.top = max(self.top, at + n)
+
+    def _store(self, at: slice | np.ndarray, part: Sequence[Any], n: int) -> None:
+        """Rows `at` (n of them) take `part`, their bytes appended in that order."""
         data = None
         if self.is_str:
             try:
@@ -239,10 +272,9 @@ class VarColumn:
         pos = self._reserve(len(data))
         self.buf[pos : pos + len(data)] = np.frombuffer(data, np.uint8)
         ends = np.cumsum(lens)
-        self.starts[at : at + n] = pos + ends - lens
-        self.lens[at : at + n] = lens
-        self.valid[at : at + n] = valid
-        self.top = max(self.top, at + n)
+        self.starts[at] = pos + ends - lens
+        self.lens[at] = lens
+        self.valid[at] = valid
 
     def arrow(self, n: int) -> pa.Array:
         buf = self.buf  # after n: it holds every row below n (module doc)

@@ -21,8 +21,8 @@ are held in numpy arrays, not as a Python object per key.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, cast
 
 import numpy as np
 import pyarrow as pa
@@ -170,6 +170,40 @@ class TableData:
             mem.put(offset, columns, src, n, self.column_types())
             mem.set_cts(offset, n, cts)
 
+    def place_rows(
+        self,
+        blk: BlockNode,
+        rows: Sequence[int],
+        columns: Mapping[int, Sequence[Any]],
+        cts: Sequence[int],
+        hole_ts: int,
+    ) -> None:
+        """`place` of many transactions' rows at once (replay of a run of entries into one
+        block): row rows[i] of `blk` takes each column's values[i] and commit ts cts[i].
+        The same checks: inside the block, gaps padded with `hole_ts` placeholders, no row
+        taken already (nor twice). Lists in: the checks on a few rows cost less in Python
+        than numpy's per-call cost; numpy does the writes."""
+        n = len(rows)
+        if not n:
+            return
+        lo, end = min(rows), max(rows) + 1
+        ascending = n == 1 or (end - lo == n and rows[0] == lo and list(rows) == sorted(rows))
+        with self.lock:
+            mem = cast(MemBlock, blk.mem)  # the memtable's blocks (the nodes name a Protocol)
+            if lo < 0 or end > BLOCK_ROWS:
+                raise ValueError(f"block {blk.id}: append outside its {BLOCK_ROWS} rows")
+            if len(mem) < end:
+                mem.pad(end - len(mem), hole_ts)
+            at = np.array(rows, dtype=np.int64)
+            taken = mem.cts[at] != hole_ts
+            if taken.any():
+                first = int(rows[int(np.argmax(taken))])
+                raise ValueError(f"block {blk.id}: row {first} is already taken")
+            if not ascending and len(set(rows)) != n:
+                raise ValueError(f"block {blk.id}: a row is placed twice")
+            mem.put_rows(at, columns, self.column_types(), ascending)
+            mem.set_cts_rows(at, np.array(cts, dtype=np.int64))
+
     def block_rows(self) -> list[tuple[BlockNode, int]]:
         """Snapshot of (block, row count) for readers."""
         with self.lock:
@@ -221,6 +255,21 @@ class TableData:
                     if e is None:  # a flushed row's key (pruned): prune it again later
                         self.unpruned.setdefault(blk.id, []).append(key)
             idx.set_many(dk, db, dr, ts, False)
+
+    def index_insert_rows(
+        self, keys: Sequence[Any], blk: BlockNode, rows: Sequence[int], ts: Sequence[int]
+    ) -> None:
+        """`index_commit` of many transactions' inserts into one block at once, in commit
+        order (replay): key keys[i] was written at row rows[i] of `blk` at ts[i]. The one
+        place the bulk path touches the index."""
+        idx = self.index
+        bid = blk.id
+        shared = _ROWS
+        with self.index_lock:
+            for key, row, t in zip(keys, rows, ts, strict=True):
+                idx[key] = (bid, shared[row], t, True)
+            if bid not in self.by_id:
+                self.by_id[bid] = blk
 
     def pk_cid(self) -> int:
         assert self.table is not None

@@ -8,7 +8,8 @@ Every record on the WAL topic is one of two kinds (header `kwal.kind`):
   issued the record), `kwal.writer` (the writer's id) and `kwal.version` (the
   record format, `schemas.wal_record`; absent in records written before it
   existed, which are version 1: the entries framed as `u32 big-endian length |
-  payload`, repeated `count` times; version 2: one columnar `wal_group` record).
+  payload`, repeated `count` times; version 2: one columnar `wal_group` record;
+  version 3: one `wal_group3` record, its one-block appends as int64 columns).
 - `epoch`: the marker a starting writer puts on every partition (value empty).
   It fences older epochs in that partition and marks the end of the log for
   that writer's replay.
@@ -27,10 +28,12 @@ from schemas.exceptions import DecodeError
 from schemas.wal_record import (
     RECORD_V1,
     RECORD_V2,
+    RECORD_V3,
     check_version,
     decode_v1,
     encode_v1,
     encode_v2,
+    encode_v3,
     entries_of,
     lazy_payloads,
 )
@@ -143,23 +146,29 @@ def decode_entries(value: bytes, count: int) -> list[bytes]:
 
 def encode_value(payloads: Sequence[bytes], version: int, first: int) -> tuple[bytes, int]:
     """A record value for `payloads` (at LSNs `first`, ...) and the version it is in:
-    version 2 when asked and every payload is a WAL entry (`EncodedEntry`), else 1."""
-    if version == RECORD_V2:
+    version 2 or 3 when asked and every payload is a WAL entry (`EncodedEntry`), else 1."""
+    if version in (RECORD_V2, RECORD_V3):
         entries = entries_of(payloads)
         if entries is not None:
-            return encode_v2(entries, first), RECORD_V2
+            encode = encode_v3 if version == RECORD_V3 else encode_v2
+            return encode(entries, first), version
     return encode_v1(payloads), RECORD_V1
 
 
-def decode_value(header: RecordHeader, value: bytes, where: str) -> tuple[bytes, ...]:
+def decode_value(
+    header: RecordHeader, value: bytes, where: str, shared: bool = False
+) -> tuple[bytes, ...]:
     """The payloads of an `entries` record of any version (`where` names the record in
     errors). An unknown version raises `UnsupportedFormatError`, a garbled value
     `DecodeError`, both naming the version and `where`: never skipped as foreign.
-    Version 2 entries are decoded when first used (`schemas.wal_record.LazyEntry`), so a
-    garbled body surfaces then."""
+    Version 2 and 3 entries are decoded when first used (`schemas.wal_record.LazyEntry`),
+    so a garbled body surfaces then. `shared`: a version 2 or 3 record's payloads are its
+    one `LazyGroup` (`schemas.wal_record.payload_at` gives each entry's own)."""
     if not header.count:
         return ()
     check_version(header.version, where)
-    if header.version == RECORD_V2:
-        return tuple(lazy_payloads(value, header.first, header.count, where))
+    if header.version in (RECORD_V2, RECORD_V3):
+        return tuple(
+            lazy_payloads(value, header.first, header.count, where, header.version, shared)
+        )
     return tuple(decode_v1(value, header.count, where))

@@ -49,7 +49,7 @@ from dataclasses import dataclass
 from confluent_kafka import KafkaError, Message, Producer
 
 from infra.kafka_txn import TxnChannel
-from schemas.wal_record import FRAME_OVERHEAD, RECORD_V2
+from schemas.wal_record import FRAME_OVERHEAD, RECORD_LATEST
 from tn.logstore.ack_future import AckFuture, set_results
 from tn.logstore.driver import LogClosedError
 from tn.logstore.kafka_backend.exceptions import (
@@ -83,7 +83,7 @@ class WriterSettings:
     kick: Callable[[], None] | None = None
     # the record format written (`schemas.wal_record`): 2, columnar, for groups of WAL
     # entries; 1 writes what kwal wrote before version 2 existed (tests of old records)
-    record_version: int = RECORD_V2
+    record_version: int = RECORD_LATEST
 
 
 class GroupWriter:
