@@ -262,12 +262,11 @@ class TableData:
         """`index_commit` of many transactions' inserts into one block at once, in commit
         order (replay): key keys[i] was written at row rows[i] of `blk` at ts[i]. The one
         place the bulk path touches the index."""
-        idx = self.index
+        if not (len(keys) == len(rows) == len(ts)):
+            raise ValueError(f"block {blk.id}: {len(keys)} keys for {len(rows)} rows, {len(ts)} ts")
         bid = blk.id
-        shared = _ROWS
         with self.index_lock:
-            for key, row, t in zip(keys, rows, ts, strict=True):
-                idx[key] = (bid, shared[row], t, True)
+            self.index.set_many(keys, bid, rows, ts, True)
             if bid not in self.by_id:
                 self.by_id[bid] = blk
 
