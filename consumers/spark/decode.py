@@ -32,7 +32,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from consumers.core.exceptions import SchemaMismatchError
-from schemas.arrow_ipc import ARROW_TYPES, ipc_to_table
+from schemas.arrow_ipc import ARROW_TYPES, ipc_to_table, join_stream, split_stream
 from schemas.logtail import (
     COMMIT_TS,
     ROW_ID,
@@ -119,38 +119,80 @@ def as_change_rows(
     return pa.Table.from_arrays(cols, schema=target)
 
 
+class _Spliced:
+    """One op's records of one schema message, as their record batch messages, to be read
+    as one IPC stream (`split_stream` / `join_stream`): reading 20,000 ten-row streams one
+    by one cost 0.26 s of CPU, spliced into one 0.11 s (the reader's setup, the schema and
+    a table per record were most of it)."""
+
+    def __init__(self) -> None:
+        self.messages: list[bytes] = []
+        self.where: list[tuple[int, int, int]] = []  # (commit ts, lsn, offset) per record
+
+
 class ChangeBuilder:
     """Accumulates decoded records of one table and yields Arrow batches of change rows."""
 
     def __init__(self, target: pa.Schema) -> None:
         self.target = target
         self.names = frozenset(target.names)
-        # per op (I, D): the records' Arrow tables, and (rows, lsn, offset) of each
+        # per op (I, D): schema message -> its records' batch messages (`_Spliced`), and
+        # the records whose stream is not framed so, as tables, with (rows, lsn, offset)
+        self.spliced: dict[str, dict[bytes, _Spliced]] = {INSERT: {}, DELETE: {}}
         self.tables: dict[str, list[pa.Table]] = {INSERT: [], DELETE: []}
         self.where: dict[str, list[tuple[int, int, int]]] = {INSERT: [], DELETE: []}
         self.controls: list[tuple[str, int, int, int, str | None]] = []
         self.rows = 0
+        self._columns: dict[bytes, frozenset[str] | None] = {}  # schema message -> names
+
+    def _schema_names(self, head: bytes) -> frozenset[str] | None:
+        """The column names of a stream's schema message (None: not one: read it whole)."""
+        if head not in self._columns:
+            try:
+                names: frozenset[str] | None = frozenset(pa.ipc.read_schema(pa.py_buffer(head)).names)
+            except (pa.ArrowException, ValueError, OSError):
+                names = None
+            self._columns[head] = names
+        return self._columns[head]
 
     def add(self, record: LogtailRecord, offset: int) -> bool:
         """Add one record's change rows. False, with nothing added, when its rows carry a
         user column the target lacks (an ALTER TABLE the caller's plan does not know yet):
-        the caller keeps the record undecoded rather than drop the column's values."""
+        the caller keeps the record undecoded rather than drop the column's values.
+
+        A record's batches are read when the builder flushes (`_Spliced`); an empty one
+        (no batch message) adds nothing."""
         body = record.body
         if isinstance(body, Changes):
-            parts = []
+            parts: list[tuple[str, bytes, bytes | pa.Table]] = []
             for op, data in ((INSERT, body.inserts), (DELETE, body.deletes)):
                 if data is None:
                     continue
-                t = ipc_to_table(data)
-                if t.num_rows == 0:
+                split = split_stream(data)
+                names = self._schema_names(split[0]) if split is not None else None
+                if split is None or names is None:
+                    t = ipc_to_table(data)
+                    if t.num_rows == 0:
+                        continue
+                    if not self.names.issuperset(t.column_names):
+                        return False
+                    parts.append((op, b"", t))
                     continue
-                if not self.names.issuperset(t.column_names):
+                if not split[1]:
+                    continue
+                if not self.names.issuperset(names):
                     return False
-                parts.append((op, t))
-            for op, t in parts:
-                self.tables[op].append(t)
-                self.where[op].append((t.num_rows, record.lsn, offset))
-                self.rows += t.num_rows
+                parts.append((op, split[0], split[1]))
+            for op, head, part in parts:
+                if isinstance(part, pa.Table):
+                    self.tables[op].append(part)
+                    self.where[op].append((part.num_rows, record.lsn, offset))
+                    self.rows += part.num_rows
+                else:
+                    group = self.spliced[op].setdefault(head, _Spliced())
+                    group.messages.append(part)
+                    group.where.append((record.commit_ts, record.lsn, offset))
+                    self.rows += 1  # at least: its rows are counted when read
             if parts:
                 return True
             # a transaction with no rows here still advances the watermark: keep it as H
@@ -166,27 +208,78 @@ class ChangeBuilder:
         self.rows += 1
         return True
 
-    def _rows_of(self, op: str) -> pa.Table | None:
+    def _read_spliced(self, head: bytes, group: _Spliced) -> tuple[pa.Table, np.ndarray]:
+        """The group's rows as one table, and each record's row count. When a record's
+        stream holds several batches (the counts do not match) or the bytes do not read,
+        the records are read one by one (`ipc_to_table`: its DecodeError says what was
+        wrong)."""
+        try:
+            batches = list(pa.ipc.open_stream(join_stream(head, group.messages)))
+            if len(batches) == len(group.messages):
+                table = pa.Table.from_batches(batches).combine_chunks()
+                table.validate(full=True)
+                return table, np.fromiter((b.num_rows for b in batches), np.int64, len(batches))
+        except (pa.ArrowException, ValueError, OSError):
+            pass
+        tables = [ipc_to_table(join_stream(head, [m])) for m in group.messages]
+        counts = np.fromiter((t.num_rows for t in tables), np.int64, len(tables))
+        return pa.concat_tables(tables).combine_chunks(), counts
+
+    def _rows_of(
+        self, op: str, counted: list[tuple[list[tuple[int, int, int]], np.ndarray]]
+    ) -> pa.Table | None:
+        """The change rows of op `op`; appends to `counted` each part's records (commit
+        ts or rows, lsn, offset) and their row counts."""
+        parts: list[tuple[pa.Table, np.ndarray, list[tuple[int, int, int]]]] = []
+        for head, group in self.spliced[op].items():
+            table, counts = self._read_spliced(head, group)
+            parts.append((table, counts, group.where))
         tables = self.tables[op]
-        if not tables:
-            return None
-        first = tables[0].schema
-        same = all(t.schema.equals(first) for t in tables)
-        # one combine for every column (a record's table is one chunk: thousands of them)
-        merged = pa.concat_tables(
-            tables, promote_options="none" if same else "permissive"
-        ).combine_chunks()
-        counts = np.fromiter((w[0] for w in self.where[op]), np.int64, len(tables))
-        lsns = np.repeat(np.fromiter((w[1] for w in self.where[op]), np.int64, len(tables)), counts)
-        offs = np.repeat(np.fromiter((w[2] for w in self.where[op]), np.int64, len(tables)), counts)
-        return as_change_rows(merged, op, lsns, offs, self.target)
+        if tables:
+            first = tables[0].schema
+            same = all(t.schema.equals(first) for t in tables)
+            # one combine for every column (a record's table is one chunk: thousands of them)
+            merged = pa.concat_tables(
+                tables, promote_options="none" if same else "permissive"
+            ).combine_chunks()
+            counts = np.fromiter((w[0] for w in self.where[op]), np.int64, len(tables))
+            parts.append((merged, counts, self.where[op]))
+        out = []
+        for table, counts, where in parts:
+            counted.append((where, counts))
+            lsns = np.repeat(np.fromiter((w[1] for w in where), np.int64, len(where)), counts)
+            offs = np.repeat(np.fromiter((w[2] for w in where), np.int64, len(where)), counts)
+            out.append(as_change_rows(table, op, lsns, offs, self.target))
+        return (out[0] if len(out) == 1 else pa.concat_tables(out)) if out else None
+
+    def _empty_records(
+        self, counted: list[tuple[list[tuple[int, int, int]], np.ndarray]]
+    ) -> list[tuple[str, int, int, int, str | None]]:
+        """Heartbeats for the spliced records whose batches held no row in either op (as
+        `add` keeps a record with none); none in the usual case (every count > 0)."""
+        if all(counts.all() for _, counts in counted):
+            return []
+        ts_of = {
+            (lsn, off): ts for op in (INSERT, DELETE) for group in self.spliced[op].values()
+            for ts, lsn, off in group.where
+        }
+        rows: dict[tuple[int, int], int] = {}
+        for where, counts in counted:
+            for (_, lsn, off), n in zip(where, counts.tolist(), strict=True):
+                rows[(lsn, off)] = rows.get((lsn, off), 0) + n
+        return [
+            (HEARTBEAT, ts_of[key], key[0], key[1], None)
+            for key, n in rows.items() if n == 0 and key in ts_of
+        ]
 
     def flush(self) -> pa.RecordBatch | None:
         if self.rows == 0:
             return None
-        tables = [t for t in (self._rows_of(INSERT), self._rows_of(DELETE)) if t is not None]
-        if self.controls:
-            ops, tss, lsns, offs, metas = zip(*self.controls, strict=True)
+        counted: list[tuple[list[tuple[int, int, int]], np.ndarray]] = []
+        tables = [t for t in (self._rows_of(INSERT, counted), self._rows_of(DELETE, counted)) if t is not None]
+        controls = self.controls + self._empty_records(counted)
+        if controls:
+            ops, tss, lsns, offs, metas = zip(*controls, strict=True)
             n = len(ops)
             cols = [
                 pa.array(ops, pa.string()),
@@ -198,9 +291,12 @@ class ChangeBuilder:
                 *(pa.nulls(n, f.type) for f in self.target if f.name not in META_NAMES),
             ]
             tables.append(pa.Table.from_arrays(cols, schema=self.target))
+        self.spliced = {INSERT: {}, DELETE: {}}
         self.tables = {INSERT: [], DELETE: []}
         self.where = {INSERT: [], DELETE: []}
         self.controls, self.rows = [], 0
+        if not tables:
+            return None
         out = pa.concat_tables(tables).combine_chunks()
         batches = out.to_batches()
         return batches[0] if len(batches) == 1 else pa.concat_batches(batches)
@@ -396,7 +492,7 @@ def _raw_rows(
 
 
 def decode_all(
-    batches: Iterable[pa.RecordBatch], plan: DecodePlan, max_rows: int = 8192
+    batches: Iterable[pa.RecordBatch], plan: DecodePlan, max_rows: int = 2048
 ) -> Iterator[pa.RecordBatch]:
     """`mapInArrow` body over raw Kafka records (`topic`, `offset`, `value`) of the catalog
     and table topics of `plan`: change rows of every table in `plan.wide`. Records are kept
@@ -405,9 +501,12 @@ def decode_all(
     the plan lacks (an ALTER TABLE not seen yet) -- `__op` R, `__meta` the JSON list of their
     `changed_columns`. Records at or below `plan.horizon` are dropped, heartbeats aside.
 
-    Batches of at most `max_rows` rows (a record's rows are never split): the JVM converts
-    and writes a batch while this worker decodes the next, so what it does after the last
-    one is the part that does not overlap. Decoding costs the same for 8,192 and 65,536."""
+    Batches of at most `max_rows` units (a record's rows are never split), a unit being a
+    row of a record read on its own or a record whose batches are spliced (`_Spliced`:
+    their rows are counted when read, at the flush): the JVM converts and writes a batch
+    while this worker decodes the next, so what it does after the last one is the part
+    that does not overlap. Decoding 20,000 records of 10 rows cost the same CPU with 1,024,
+    2,048 and 8,192 (0.28-0.30 s, against 0.48 s reading each record's stream alone)."""
     target, topics, horizon = plan.wide, plan.topics, plan.horizon
     builders = {
         i: ChangeBuilder(change_schema(cols)) for i, cols in plan.tables.items() if cols is not None

@@ -74,6 +74,45 @@ def test_a_record_with_a_column_the_plan_lacks_is_kept_whole_with_its_columns() 
     assert out.column(wide_name(0, "extra")).to_pylist() == [None, 110]
 
 
+def test_records_spliced_into_one_stream_keep_their_own_lsn_offset_and_heartbeats() -> None:
+    """The decoder reads a table's records of one schema as one spliced Arrow stream: each
+    row keeps its record's LSN and offset; a record whose stream holds two batches, or an
+    empty one (kept as a heartbeat), is read on its own, as before; a garbled one fails."""
+    from consumers.spark.decode import LSN, OFFSET
+    from schemas.exceptions import DecodeError
+
+    def stream(batches: list[pa.RecordBatch]) -> bytes:
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, batches[0].schema) as w:
+            for b in batches:
+                w.write_batch(b)
+        return sink.getvalue().to_pybytes()
+
+    def rows(ts: int, n: int) -> pa.RecordBatch:
+        ids = [ts * 10 + i for i in range(n)]
+        return pa.record_batch({ROW_ID: ids, COMMIT_TS: [ts] * n, "id": ids, "v": ["x"] * n})
+
+    def record(ts: int, inserts: bytes) -> bytes:
+        return encode_logtail(LogtailRecord("db", "t", ts, Changes(inserts, None), 1, ts * 7))
+
+    values = [
+        _record(10, extra=False),
+        record(11, stream([rows(11, 2), rows(11, 1)])),  # two batches in one record
+        record(12, stream([rows(12, 0)])),  # an empty batch: a heartbeat
+        record(13, stream([rows(13, 3)])),
+    ]
+    plan = DecodePlan({"t": 0}, {0: list(V1.columns)})
+    out = pa.Table.from_batches(list(decode_all([_kafka(values)], plan))).to_pylist()
+    got = sorted((r[OP], r[COMMIT_TS], r[LSN], r[OFFSET]) for r in out)
+    assert got == sorted(
+        [(INSERT, 10, 10, 0)] + [(INSERT, 11, 77, 1)] * 3 + [(HEARTBEAT, 12, 84, 2)]
+        + [(INSERT, 13, 91, 3)] * 3
+    )
+    garbled = record(14, stream([rows(14, 2)])[:-30] + stream([rows(14, 2)])[-8:])
+    with pytest.raises(DecodeError):
+        list(decode_all([_kafka([_record(10, extra=False), garbled])], plan))
+
+
 def test_decode_changes_refuses_a_record_its_schema_cannot_hold() -> None:
     batch = _kafka([_record(11, extra=True)]).select(["value", "offset"])
     with pytest.raises(SchemaMismatchError, match=r"db\.t: .*offset 0.*\['extra'\]"):

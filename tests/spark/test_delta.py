@@ -27,6 +27,7 @@ from consumers.spark.delta_sink import (
     WATERMARK_KEY,
     OutputOwnerError,
     _history_metadata,
+    distinct_row_ids,
     incarnation_path,
     mark_dropped,
     merge_batch,
@@ -48,12 +49,13 @@ SCHEMA = "__op string, __row_id long, __commit_ts long, id long, v string"
 # micro-batches of one table: (changes, watermark). Batch 1 updates id 1 at 12 (delete row 1,
 # insert row 4), inserts row 5 at 12 and deletes it at 13 (inside the batch: the MERGE
 # writes nothing of it, yet it is live at 12), deletes row 3 at 13; batch 2 adds a column.
+# Batches 1 and 2 each repeat a row (the TN re-delivered its record): with deletes, without.
 BATCHES: list[tuple[list[tuple[Any, ...]], int]] = [
     ([("I", 1, 10, 1, "a"), ("I", 2, 10, 2, "b"), ("I", 3, 11, 3, "c")], 11),
     ([("D", 1, 12, None, None), ("I", 4, 12, 1, "a2"), ("I", 5, 12, 5, "e"),
       ("D", 5, 13, None, None), ("D", 3, 13, None, None),
       ("I", 2, 10, 2, "b")], 13),  # row 2 re-delivered by the TN
-    ([("I", 6, 14, 6, "f", 7)], 15),
+    ([("I", 6, 14, 6, "f", 7), ("I", 6, 14, 6, "f", 7)], 15),
 ]
 
 
@@ -81,14 +83,22 @@ def _arrow_rows(table: Any) -> list[tuple[Any, ...]]:
     return sorted(tuple(r.get(c) for c in cols) for r in table.to_pylist())
 
 
-def _write_all(spark: Any, path: str) -> None:
+def _write_all(spark: Any, path: str, files: Path | None = None) -> None:
+    """Each batch of BATCHES into the Delta table at `path`. With `files`, the batch's
+    changes are read from Parquet files written there, as the job's change log is (the
+    sink then checks the row ids on the driver and skips the shuffle for batch 0, which
+    repeats none); without, from an in-memory DataFrame (always the shuffle)."""
     from pyspark.sql import functions as F
 
     for batch_id, (changes, watermark) in enumerate(BATCHES):
         df = spark.createDataFrame([c[:5] for c in changes], SCHEMA)
         if len(changes[0]) > 5:
             df = df.withColumn("extra", F.lit(changes[0][5]).cast("long"))
-        assert merge_batch(spark, path, df, "job-1", batch_id, watermark)
+        if files is not None:
+            df.write.parquet(str(files / f"batch={batch_id}"))
+            df = spark.read.parquet(str(files / f"batch={batch_id}"))
+        deletes = any(c[0] == "D" for c in changes)
+        assert merge_batch(spark, path, df, "job-1", batch_id, watermark, has_deletes=deletes)
 
 
 def test_delta_state_time_travel_and_replay(spark: Any, tmp_path: Any) -> None:
@@ -97,7 +107,11 @@ def test_delta_state_time_travel_and_replay(spark: Any, tmp_path: Any) -> None:
     replayed batch id adds nothing; an added column evolves the schema; a drop ends the
     table with a property."""
     path = table_path(str(tmp_path), "db.t")
-    _write_all(spark, path)
+    _write_all(spark, path, tmp_path / "changes")
+    # the sink's check for a repeated row id (its shuffle-free path): from the files only
+    read = [spark.read.parquet(str(tmp_path / "changes" / f"batch={b}")) for b in range(3)]
+    assert [distinct_row_ids(df) for df in read] == [True, False, False]
+    assert not distinct_row_ids(spark.createDataFrame([("I", 1, 10, 1, "a")], SCHEMA))
     marks = watermarks(spark, path)
     assert [w for _, w in marks] == [w for _, w in BATCHES]
 
