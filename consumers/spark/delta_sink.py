@@ -151,13 +151,16 @@ class TxnCache:
 
     def __init__(self) -> None:
         self.last: dict[str, int] = {}
+        self.marks: dict[str, int] = {}  # path -> the watermark its newest version records
 
     def last_batch(self, spark: Any, path: str, app_id: str) -> int:
         from delta.tables import DeltaTable
 
         if path not in self.last:
             exists = DeltaTable.isDeltaTable(spark, path)
-            self.last[path] = _last_txn_version(spark, path, app_id) if exists else -1
+            self.last[path], mark = _last_txn_version(spark, path, app_id) if exists else (-1, None)
+            if mark is not None:
+                self.marks[path] = mark
         return self.last[path]
 
 
@@ -190,6 +193,12 @@ def merge_batch(
     last = cache.last_batch(spark, path, app_id)
     if last >= batch_id:
         return False
+    if watermark <= cache.marks.get(path, -1):
+        # no version below (or at) the table's last watermark: the caller's changes are
+        # above the table's delta_ts >= that watermark, so there are none. A job resumed
+        # from the output alone meets it while it re-reads what a table has already
+        # (consumers.spark.job_state, step 3).
+        return False
     net = net_changes(changes) if has_changes else changes.filter(F.lit(False))
     user_cols = [c for c in net.columns if c != OP]
     meta = json.dumps({WATERMARK_KEY: int(watermark), BATCH_KEY: int(batch_id), APP_KEY: app_id})
@@ -206,7 +215,7 @@ def merge_batch(
         if creating:
             writer = writer.option("delta.enableChangeDataFeed", "true")
         writer.save(path)
-        cache.last[path] = batch_id
+        cache.last[path], cache.marks[path] = batch_id, int(watermark)
         return True
     conf = {
         _TXN_APP: app_id,
@@ -224,7 +233,7 @@ def merge_batch(
             condition=F.col(f"s.{OP}") == INSERT,
             values={c: F.col(f"s.`{c}`") for c in user_cols},
         ).execute()
-    cache.last[path] = batch_id
+    cache.last[path], cache.marks[path] = batch_id, int(watermark)
     return True
 
 
@@ -255,10 +264,11 @@ and the drop ts but no watermark."""
     return True
 
 
-def _last_txn_version(spark: Any, path: str, app_id: str) -> int:
-    """The last micro-batch id committed to `path` (-1: none yet), read from the newest
-    commit's userMetadata, which the same commit as the data wrote (with the SetTransaction
-    of `txnAppId`/`txnVersion`). Refuses a table whose newest kwal commit names another app
+def _last_txn_version(spark: Any, path: str, app_id: str) -> tuple[int, int | None]:
+    """The last micro-batch id committed to `path` (-1: none yet) and the watermark that
+    commit records (None: none, e.g. `mark_dropped`'s), read from the newest commit's
+    userMetadata, which the same commit as the data wrote (with the SetTransaction of
+    `txnAppId`/`txnVersion`). Refuses a table whose newest kwal commit names another app
     id: a job whose batch ids restart at 0 on it would have every MERGE skipped
     (OutputOwnerError)."""
     for meta in _history_metadata(spark, path, limit=1):
@@ -269,8 +279,9 @@ def _last_txn_version(spark: Any, path: str, app_id: str) -> int:
                     f"{path}: written by another job (txnAppId {owner}, up to its batch "
                     f"{meta[BATCH_KEY]}), not this one ({app_id})"
                 )
-            return int(meta[BATCH_KEY])
-    return -1
+            mark = meta.get(WATERMARK_KEY)
+            return int(meta[BATCH_KEY]), None if mark is None else int(mark)
+    return -1, None
 
 
 def _history_metadata(spark: Any, path: str, limit: int | None = None) -> list[dict[str, Any]]:
