@@ -131,6 +131,9 @@ def note_catalog(prog: Progress, catalog: pa.Table) -> None:
             prog.catalog_offset = max(prog.catalog_offset, int(top) + 1)
 
 
+MAX_OFFSET_ENTRIES = 32  # per table (`note_offsets`): the progress and resume point stay small
+
+
 def note_offsets(tp: TableProgress, batch_id: int, stats: pa.Table) -> None:
     """After a batch was applied to `tp` (its Delta tables included): record the batch's
     first offset and highest commit ts of the table's topic (a large transaction's rows
@@ -148,6 +151,10 @@ def note_offsets(tp: TableProgress, batch_id: int, stats: pa.Table) -> None:
         tp.offsets.append([batch_id, int(lo.as_py()), high_ts])
         tp.next_offset = max(tp.next_offset, int(hi.as_py()) + 1)
     tp.offsets = [e for e in tp.offsets if e[2] > tp.delta_ts]
+    if len(tp.offsets) > MAX_OFFSET_ENTRIES:  # e.g. a topic whose table waits: merge the
+        # oldest two (the first offset of one, the higher ts of both: re-reads more, never less)
+        (b, lo_offset, t1), (_, _, t2) = tp.offsets[:2]
+        tp.offsets[:2] = [[b, lo_offset, max(t1, t2)]]
 
 
 def resume_offset(prog: Progress, tp: TableProgress) -> int:

@@ -44,7 +44,7 @@ from infra.objectstore import FolderStore, S3Store
 from tests.logtail.conftest import COLUMNS, random_steps, start_tn
 from tests.spark.helpers import tn_rows
 
-TIMEOUT_S = 240
+TIMEOUT_S = 600  # a bound on a hang: under load 30 on 2 cores two batches took over 240 s
 CATCH_UP_S = 600  # the restarted job's bound (under load a Delta commit took seconds)
 
 SCHEMA = "__op string, __row_id long, __commit_ts long, id long, v string"

@@ -88,3 +88,8 @@ def test_a_tables_resume_offset_is_its_oldest_batch_with_a_change_above_delta_ts
     tp.delta_ts = 20
     note_offsets(tp, 4, stats([(HEARTBEAT, 20, 13, None)]))
     assert (tp.offsets, resume_offset(prog, tp)) == ([], 14)
+    # a table whose Delta waits (no delta_ts move) keeps a bounded list, from its oldest offset
+    for b in range(5, 60):
+        note_offsets(tp, b, stats([(INSERT, 20 + b, 100 + b, None)]))
+    assert len(tp.offsets) <= 32 and resume_offset(prog, tp) == 105
+    assert max(e[2] for e in tp.offsets) == 79
