@@ -13,8 +13,10 @@ Per micro-batch:
    watermark), and each table's watermark, block metas and checkpoint are folded in;
 3. each table's changes since the last batch in Delta go to its Delta table(s) with one
    MERGE per incarnation, txnVersion = the batch id (`_to_delta`);
-4. a progress file records the batch id, the watermarks, the catalog and where everything
-   is: where the next batch resumes (the data's commit is step 3's, per table).
+4. `<output>/_kwal_job` records where a job with no work directory resumes
+   (`consumers.spark.job_state`), then a progress file records the batch id, the
+   watermarks, the catalog and where everything is: where the next batch resumes (the
+   data's commit is step 3's, per table).
 
 The decoder needs each table's schema. It comes from the committed catalog, plus hints read
 from the catalog topic when the query starts (`catalog_hints`). Records the plan cannot
@@ -91,6 +93,7 @@ from consumers.spark.delta_sink import (
     mark_dropped,
     merge_batch,
 )
+from consumers.spark.job_state import write_job_state
 from consumers.spark.large_txn import new_large_blocks, write_large_blocks
 from consumers.spark.progress import (
     CHANGES,
@@ -101,6 +104,7 @@ from consumers.spark.progress import (
     write_progress,
 )
 from consumers.spark.reader import changes_frame
+from consumers.spark.resume import note_catalog, note_offsets
 from infra.objectstore import ObjectStore
 from schemas.logtail import decode_logtail
 from schemas.wal import ColumnDef, TableSchema
@@ -223,6 +227,7 @@ class BatchWriter:
         self._t = time.perf_counter()
         self.batch_timings = {}
         prog = self._fresh_progress()
+        batch_id += prog.batch_base  # Spark's id -> the job's (consumers.spark.job_state)
         if prog.batch_id >= batch_id:
             self.batches_skipped += 1  # committed before a crash; Spark replays it: no-op
             return
@@ -235,6 +240,7 @@ class BatchWriter:
             zip(catalog.column(OFFSET).to_pylist(), catalog.column(RAW).to_pylist(), strict=True)
         ):
             apply_catalog(prog, decode_logtail(value))
+        note_catalog(prog, catalog)
         stats = {n: _read_local(bdir / f"{TABLE}={prog.tables[n].index}", _STAT_COLS) for n in self.tables}
         self._lap("stats")
         for name in self.tables:
@@ -242,8 +248,11 @@ class BatchWriter:
                 spark, batch_id, prog.tables[name], stats[name], prog.catalog_watermark,
                 lambda name=name: prog.watermark(name),  # type: ignore[misc]
             )
+            note_offsets(prog.tables[name], batch_id, stats[name])
         prog.batch_id = batch_id
         prog.committed_at = time.time()
+        write_job_state(spark, self.delta_output, self.app_id, prog)  # the output's resume point
+        self._lap("job state")
         write_progress(self.output, prog)  # where the next batch resumes (see above)
         self.batches_applied += 1
         self._lap("commit")
@@ -383,7 +392,7 @@ class BatchWriter:
             tp.delta_changes = tp.delta_deletes = 0
 
 
-_STAT_COLS = [OP, COMMIT_TS, META]
+_STAT_COLS = [OP, COMMIT_TS, META, OFFSET]
 
 
 def _has_raw(stats: pa.Table) -> bool:

@@ -204,13 +204,16 @@ class TxnCache:
 
     def __init__(self) -> None:
         self.last: dict[str, int] = {}
+        self.marks: dict[str, int] = {}  # path -> the watermark its newest version records
 
     def last_batch(self, spark: Any, path: str, app_id: str) -> int:
         from delta.tables import DeltaTable
 
         if path not in self.last:
             exists = DeltaTable.isDeltaTable(spark, path)
-            self.last[path] = _last_txn_version(spark, path, app_id) if exists else -1
+            self.last[path], mark = _last_txn_version(spark, path, app_id) if exists else (-1, None)
+            if mark is not None:
+                self.marks[path] = mark
         return self.last[path]
 
 
@@ -243,6 +246,12 @@ def merge_batch(
     last = cache.last_batch(spark, path, app_id)
     if last >= batch_id:
         return False
+    if watermark <= cache.marks.get(path, -1):
+        # no version below (or at) the table's last watermark: the caller's changes are
+        # above the table's delta_ts >= that watermark, so there are none. A job resumed
+        # from the output alone meets it while it re-reads what a table has already
+        # (consumers.spark.job_state, step 3).
+        return False
     unique = has_changes and distinct_row_ids(changes)
     if has_changes:
         net = net_changes(changes, has_deletes, unique)
@@ -263,7 +272,7 @@ def merge_batch(
         if creating:
             writer = writer.option("delta.enableChangeDataFeed", "true")
         writer.save(path)
-        cache.last[path] = batch_id
+        cache.last[path], cache.marks[path] = batch_id, int(watermark)
         return True
     conf = {
         _TXN_APP: app_id,
@@ -281,7 +290,7 @@ def merge_batch(
             condition=F.col(f"s.{OP}") == INSERT,
             values={c: F.col(f"s.`{c}`") for c in user_cols},
         ).execute()
-    cache.last[path] = batch_id
+    cache.last[path], cache.marks[path] = batch_id, int(watermark)
     return True
 
 
@@ -312,10 +321,11 @@ and the drop ts but no watermark."""
     return True
 
 
-def _last_txn_version(spark: Any, path: str, app_id: str) -> int:
-    """The last micro-batch id committed to `path` (-1: none yet), read from the newest
-    commit's userMetadata, which the same commit as the data wrote (with the SetTransaction
-    of `txnAppId`/`txnVersion`). Refuses a table whose newest kwal commit names another app
+def _last_txn_version(spark: Any, path: str, app_id: str) -> tuple[int, int | None]:
+    """The last micro-batch id committed to `path` (-1: none yet) and the watermark that
+    commit records (None: none, e.g. `mark_dropped`'s), read from the newest commit's
+    userMetadata, which the same commit as the data wrote (with the SetTransaction of
+    `txnAppId`/`txnVersion`). Refuses a table whose newest kwal commit names another app
     id: a job whose batch ids restart at 0 on it would have every MERGE skipped
     (OutputOwnerError)."""
     for meta in _history_metadata(spark, path, limit=1):
@@ -326,8 +336,9 @@ def _last_txn_version(spark: Any, path: str, app_id: str) -> int:
                     f"{path}: written by another job (txnAppId {owner}, up to its batch "
                     f"{meta[BATCH_KEY]}), not this one ({app_id})"
                 )
-            return int(meta[BATCH_KEY])
-    return -1
+            mark = meta.get(WATERMARK_KEY)
+            return int(meta[BATCH_KEY]), None if mark is None else int(mark)
+    return -1, None
 
 
 def _history_metadata(spark: Any, path: str, limit: int | None = None) -> list[dict[str, Any]]:

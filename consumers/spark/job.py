@@ -74,16 +74,25 @@ from consumers.spark.bootstrap import bootstrap_output
 from consumers.spark.decode import (
     TABLE,
 )
+from consumers.spark.delta_sink import app_id
 from consumers.spark.jars import delta_jars
+from consumers.spark.job_state import (
+    JOB_STATE,
+    delete_job_state,
+    read_job_state,
+    restore_progress,
+    write_job_state,
+)
 from consumers.spark.progress import (
     Progress,
     TableProgress,
     apply_catalog,
     load_progress,
     query_name,
+    write_progress,
 )
 from consumers.spark.reader import watermark
-from consumers.spark.resume import discard_output, lost_positions, resume_positions
+from consumers.spark.resume import discard_output, discard_work, lost_positions, resume_positions
 from consumers.spark.session import DELTA_CONF, DELTA_JOB_CONF, build_session, s3a_conf
 from infra.objectstore import ObjectStore
 from schemas.logtail import decode_logtail
@@ -171,7 +180,8 @@ def start_query(
     topics = [catalog_topic, *table_topics.values()]
     ckpt = Path(checkpoint or Path(output) / "_checkpoint")
     names = _topic_names(catalog_topic, table_topics)
-    prog = load_progress(output)
+    state = read_job_state(spark, delta_output, app_id(delta_output))
+    prog = resume_from_output(spark, delta_output, output, ckpt, list(table_topics), state)
     check_continuation(spark, delta_output, output, ckpt, list(table_topics), prog)
     if prog is not None:
         lost = lost_records(bootstrap, output, ckpt, table_topics, catalog_topic, options)
@@ -184,6 +194,8 @@ def start_query(
             # fell behind the truncation: the job's state cannot be continued past the gap
             log.warning("Spark CN %s: %s; starting again from the newest checkpoint", output,
                         _lost_where(lost, names))
+            delete_job_state(spark, delta_output)  # first: a crash after it resumes nothing
+            state = None
             discard_output(output, ckpt, sorted(set(prog.tables) | set(table_topics)))
             if delta_output.startswith("s3a://"):  # discard_output removes local ones only
                 _delete_delta(spark, delta_output, sorted(set(prog.tables) | set(table_topics)))
@@ -229,6 +241,8 @@ def start_query(
         output, catalog_topic, table_topics, compact_interval_s, hints, store=store,
         delta_output=delta_output,
     )
+    if state is None:  # a new job: its first resume point, before any table is written
+        write_job_state(spark, delta_output, writer.app_id, writer._fresh_progress())
     plan = writer.source_plan()
     df = kafka_stream(
         spark, bootstrap, topics, use_builtin=use_builtin, decode=plan.to_json(), **options
@@ -265,6 +279,27 @@ def check_output(delta_output: str, work: str, tables: Sequence[str]) -> None:
         )
 
 
+def resume_from_output(
+    spark: Any, delta_output: str, work: Path, ckpt: Path, tables: Sequence[str],
+    state: Progress | None,
+) -> Progress | None:
+    """The progress the job continues from: the work directory's, unless the output's
+    resume point (`consumers.spark.job_state`, `state`) is at another batch -- the work
+    directory is new, lost, or not this output's -- then the tables win: the work
+    directory's state is dropped and the job resumes from the output alone (its progress
+    is written to both)."""
+    prog = load_progress(work)
+    if state is None or (prog is not None and prog.batch_id == state.batch_id):
+        return prog
+    discard_work(work, ckpt, sorted(set(state.tables) | set(tables)))
+    prog = restore_progress(spark, delta_output, state)
+    write_job_state(spark, delta_output, app_id(delta_output), prog)
+    write_progress(work, prog)
+    log.warning("Spark CN %s: resuming from the resume point of %s (batch %d)", work,
+                delta_output, state.batch_id)
+    return prog
+
+
 def check_continuation(
     spark: Any, delta_output: str, work: Path, ckpt: Path, tables: Sequence[str],
     prog: Progress | None,
@@ -277,7 +312,9 @@ def check_continuation(
       of these tables under the output: the new job's batch ids restart at 0 and its
       history would be replayed over the tables' newer state;
     - progress at batch N but no offsets in Spark's checkpointLocation (deleted, or a new
-      --checkpoint): the query restarts at batch 0 and batches 0..N would be skipped."""
+      --checkpoint): the query restarts at batch 0 and batches 0..N would be skipped
+      (a progress resumed from the output, `resume_from_output`, starts a new checkpoint:
+      its batch ids continue from `batch_base`)."""
     from consumers.spark.delta_reader import incarnation_paths
 
     if prog is None:
@@ -285,10 +322,10 @@ def check_continuation(
         if found:
             raise ValueError(
                 f"{found[0]}: a Delta table of another job (this job's work directory {work} "
-                "has no progress): point the job at a new --output, or at that job's "
-                "--work-dir to continue it"
+                f"has no progress and the output no resume point {JOB_STATE}/): point the job "
+                "at a new --output, or at that job's --work-dir to continue it"
             )
-    elif prog.batch_id >= 0 and not any(p.name.isdigit() for p in _entries(ckpt / "offsets")):
+    elif prog.batch_id >= max(prog.batch_base, 0) and not any(p.name.isdigit() for p in _entries(ckpt / "offsets")):
         raise ValueError(
             f"{work}: the job committed up to micro-batch {prog.batch_id} but Spark's "
             f"checkpoint {ckpt} has no offsets: give it its --checkpoint, or start a new "
@@ -502,6 +539,10 @@ def run(args: Any, cfg: Any) -> int:
         prog = load_progress(output)
         if prog is not None and prog.horizon and prog.batch_id < 0:
             print(f"kwal cn spark: started from the checkpoint at ts {prog.horizon}",
+                  file=sys.stderr, flush=True)
+        if prog is not None and prog.batch_base > 0 and prog.batch_id == prog.batch_base - 1:
+            print(f"kwal cn spark: resumed from the output's resume point ({JOB_STATE}/, batch "
+                  f"{prog.batch_id - 1}); batch ids continue at {prog.batch_base}",
                   file=sys.stderr, flush=True)
         print(f"kwal cn spark: following {', '.join(tables)} into {delta_output} (trigger {trigger})",
               file=sys.stderr, flush=True)

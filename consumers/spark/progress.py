@@ -94,6 +94,11 @@ class TableProgress:
     delta_deletes: int = 0  # of which deletes
     delta_ts: int = 0  # every change with commit ts <= this is in Delta
     delta_change_ts: int = 0  # no decoded change has a commit ts above this
+    # Where a job resumes this table's topic from the Delta output alone (consumers.spark.
+    # job_state): per change-log batch with records of the topic, [batch id, first offset,
+    # highest commit ts] while some of them may be above delta_ts; the next offset to read.
+    offsets: list[list[int]] = field(default_factory=list)
+    next_offset: int = 0  # 0: none read yet (the job's start offset applies)
 
     @property
     def current(self) -> Incarnation | None:
@@ -143,6 +148,8 @@ class TableProgress:
             "delta_deletes": self.delta_deletes,
             "delta_ts": self.delta_ts,
             "delta_change_ts": self.delta_change_ts,
+            "offsets": self.offsets,
+            "next_offset": self.next_offset,
         }
 
     @classmethod
@@ -171,6 +178,8 @@ class TableProgress:
             int(d.get("delta_deletes", 1)),
             int(d.get("delta_ts", 0)),
             int(d.get("delta_change_ts", 0)),
+            [[int(x) for x in e] for e in d.get("offsets", [])],
+            int(d.get("next_offset", 0)),
         )
 
 
@@ -186,6 +195,13 @@ class Progress:
     # start from (-2: earliest) while Spark's checkpointLocation has no offsets yet.
     horizon: int = 0
     start_offsets: dict[str, int] = field(default_factory=dict)
+    # Spark's micro-batch id + batch_base = the job's batch id (a job resumed from its
+    # Delta output alone starts a new Spark checkpoint at 0; its batch ids continue).
+    batch_base: int = 0
+    catalog_offset: int = 0  # the catalog topic's next offset to read (0: the start offset)
+    # offsets tracked since the job's first batch (progress files of an earlier kwal lack
+    # them: no resume point is written to the output for such a job)
+    offsets_known: bool = True
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -196,6 +212,9 @@ class Progress:
             "committed_at": self.committed_at,
             "horizon": self.horizon,
             "start_offsets": self.start_offsets,
+            "batch_base": self.batch_base,
+            "catalog_offset": self.catalog_offset,
+            "offsets_known": self.offsets_known,
         }
 
     @classmethod
@@ -208,6 +227,9 @@ class Progress:
             float(d.get("committed_at", 0.0)),
             int(d.get("horizon", 0)),
             {str(t): int(o) for t, o in d.get("start_offsets", {}).items()},
+            int(d.get("batch_base", 0)),
+            int(d.get("catalog_offset", 0)),
+            bool(d.get("offsets_known", False)),
         )
 
     def table(self, name: str) -> TableProgress:

@@ -25,7 +25,11 @@ import shutil
 from collections.abc import Mapping
 from pathlib import Path
 
-from consumers.spark.progress import CHANGES, PROGRESS, Progress
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from consumers.spark.decode import BLOCK, COMMIT_TS, META, OFFSET, OP
+from consumers.spark.progress import CHANGES, PROGRESS, Progress, TableProgress
 
 
 def _batches(d: Path) -> list[int]:
@@ -64,9 +68,8 @@ def resume_positions(
     committed = committed_offsets(checkpoint)
     if committed is not None:
         return {t: committed[t] for t in topics if t in committed}
-    if prog.horizon:
-        return {t: max(o, 0) for t, o in prog.start_offsets.items() if t in topics}
-    return {t: 0 for t in topics}
+    starts = {t: max(o, 0) for t, o in prog.start_offsets.items() if t in topics}
+    return {**{t: 0 for t in topics}, **starts}
 
 
 def lost_positions(
@@ -96,3 +99,77 @@ def discard_output(output: str | Path, checkpoint: str | Path, tables: list[str]
         shutil.rmtree(out / name, ignore_errors=True)
         for later in out.glob(f"{name}@*"):
             shutil.rmtree(later, ignore_errors=True)
+
+
+def discard_work(work: str | Path, checkpoint: str | Path, tables: list[str]) -> None:
+    """Forget the work directory's state (not the Delta tables, which may share the
+    directory): the progress files first (the commit), Spark's checkpointLocation, the
+    change log, and each table's checkpoint and large-transaction rows
+    (`<db>.<table>/bootstrap`, `<db>.<table>/large`). Before a job resumes from its Delta
+    output (`consumers.spark.job_state`)."""
+    from consumers.spark.bootstrap import BOOTSTRAP_DIR
+    from consumers.spark.large_txn import LARGE_DIR
+
+    out = Path(work)
+    shutil.rmtree(out / PROGRESS, ignore_errors=True)
+    shutil.rmtree(Path(checkpoint), ignore_errors=True)
+    shutil.rmtree(out / CHANGES, ignore_errors=True)
+    for name in tables:
+        for sub in (BOOTSTRAP_DIR, LARGE_DIR):
+            shutil.rmtree(out / name / sub, ignore_errors=True)
+
+
+# -- where each topic resumes from the Delta output alone --------------------------------
+
+
+def note_catalog(prog: Progress, catalog: pa.Table) -> None:
+    """After a batch's catalog records (column `__offset`) were applied: the catalog
+    topic's next offset to read."""
+    if catalog.num_rows:
+        top = pc.max(catalog.column(OFFSET)).as_py()
+        if top is not None:
+            prog.catalog_offset = max(prog.catalog_offset, int(top) + 1)
+
+
+MAX_OFFSET_ENTRIES = 32  # per table (`note_offsets`): the progress and resume point stay small
+
+
+def note_offsets(tp: TableProgress, batch_id: int, stats: pa.Table) -> None:
+    """After a batch was applied to `tp` (its Delta tables included): record the batch's
+    first offset and highest commit ts of the table's topic (a large transaction's rows
+    count at their block's create ts), the next offset to read, and forget the batches
+    whose records are all at or below `tp.delta_ts` (in Delta)."""
+    offsets = stats.column(OFFSET) if stats.num_rows else None
+    if offsets is not None and offsets.null_count < len(offsets):
+        lo, hi = pc.min_max(offsets).values()
+        high_ts = int(pc.max(stats.column(COMMIT_TS)).as_py() or 0)
+        blocks = stats.filter(pc.equal(stats.column(OP), BLOCK)).column(META).to_pylist()
+        for text in blocks:
+            meta = json.loads(text) if text else {}
+            if meta.get("large_txn"):
+                high_ts = max(high_ts, int(meta.get("create_ts", 0)))
+        tp.offsets.append([batch_id, int(lo.as_py()), high_ts])
+        tp.next_offset = max(tp.next_offset, int(hi.as_py()) + 1)
+    tp.offsets = [e for e in tp.offsets if e[2] > tp.delta_ts]
+    if len(tp.offsets) > MAX_OFFSET_ENTRIES:  # e.g. a topic whose table waits: merge the
+        # oldest two (the first offset of one, the higher ts of both: re-reads more, never less)
+        (b, lo_offset, t1), (_, _, t2) = tp.offsets[:2]
+        tp.offsets[:2] = [[b, lo_offset, max(t1, t2)]]
+
+
+def resume_offset(prog: Progress, tp: TableProgress) -> int:
+    """The offset of `tp`'s topic from which a job resuming from the Delta output alone
+    re-reads it: the first record of the oldest batch that may hold a record above the
+    table's `delta_ts` (the rest of such a batch is dropped by its ts), else the next
+    offset to read, else where the job started (-2: the topic's first record)."""
+    if tp.offsets:
+        return min(e[1] for e in tp.offsets)
+    if tp.next_offset:
+        return tp.next_offset
+    return prog.start_offsets.get(tp.topic, 0)
+
+
+def catalog_resume_offset(prog: Progress) -> int:
+    """The catalog topic's next offset to read (the catalog state covers every record
+    below it)."""
+    return prog.catalog_offset or prog.start_offsets.get(prog.catalog_topic, 0)

@@ -10,6 +10,7 @@ import contextlib
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -27,6 +28,7 @@ from consumers.spark.delta_sink import (
     WATERMARK_KEY,
     OutputOwnerError,
     _history_metadata,
+    app_id,
     distinct_row_ids,
     incarnation_path,
     mark_dropped,
@@ -35,6 +37,7 @@ from consumers.spark.delta_sink import (
     watermarks,
 )
 from consumers.spark.job import check_output, start_query
+from consumers.spark.job_state import read_job_state, write_job_state
 from consumers.spark.progress import Progress, load_progress, write_progress
 from consumers.spark.session import configure_s3a
 from infra.config import KwalConfig, ObjectStoreConfig
@@ -42,7 +45,7 @@ from infra.objectstore import FolderStore, S3Store
 from tests.logtail.conftest import COLUMNS, random_steps, start_tn
 from tests.spark.helpers import tn_rows
 
-TIMEOUT_S = 240
+TIMEOUT_S = 600  # a bound on a hang: under load 30 on 2 cores two batches took over 240 s
 CATCH_UP_S = 600  # the restarted job's bound (under load a Delta commit took seconds)
 
 SCHEMA = "__op string, __row_id long, __commit_ts long, id long, v string"
@@ -276,7 +279,8 @@ def test_job_killed_mid_stream_and_restarted_writes_each_row_once(
 ) -> None:
     """The job process follows a TN under load (DML, drop and re-create of db.b, added
     columns) into Delta (s3a:// on the loopback S3 server with a local work directory), is
-    killed with SIGKILL between or inside micro-batches, and restarted: every
+    killed with SIGKILL between or inside micro-batches, its work directory deleted, and
+    restarted (it resumes from the output alone, batch ids continuing): every
     Delta version kwal stamped, read by delta-rs (the first, a middle and the newest also by
     plain Spark), equals the TN at the version's watermark (no row lost, none twice), no
     batch id commits twice to a table (the replayed batch wrote nothing), and `read_as_of`
@@ -306,6 +310,9 @@ def test_job_killed_mid_stream_and_restarted_writes_each_row_once(
         job.send_signal(signal.SIGKILL)
         job.wait(30)
         killed_at = _committed_batch(work)
+        # its work directory (progress, change log, Spark checkpoint) is lost: the restart
+        # resumes from the output alone (`_kwal_job`, consumers.spark.job_state)
+        shutil.rmtree(work)
 
         def recreate(t: Any) -> None:
             t.drop_table("db", "b")
@@ -322,8 +329,9 @@ def test_job_killed_mid_stream_and_restarted_writes_each_row_once(
                    *job_output.job_args())
         job.wait(timeout=CATCH_UP_S + 60)
         assert job.returncode == 0, _tail(log)
+        assert "resumed from the output's resume point" in log.read_text(errors="replace")
         prog = load_progress(work)
-        assert prog is not None and prog.batch_id > killed_at
+        assert prog is not None and prog.batch_id > killed_at  # batch ids continue
         assert prog.watermark("db.a") >= final, f"the restarted job did not catch up: {_tail(log)}"
 
         checked = 0
@@ -414,6 +422,53 @@ def test_a_job_that_would_restart_its_batch_ids_is_refused(spark: Any, tmp_path:
     write_progress(work, Progress(batch_id=4, catalog_topic="cat"))
     with pytest.raises(ValueError, match=r"committed up to micro-batch 4 but Spark's checkpoint"):
         start(work)
+    # a resume point another job wrote (another txnAppId): not continued, named
+    write_job_state(spark, str(output), "kwal-cn-other", Progress(batch_id=7, catalog_topic="cat"))
+    with pytest.raises(OutputOwnerError, match=rf"{output}/_kwal_job: written by another job"):
+        start(tmp_path / "work2")
+
+
+def test_a_job_resumes_from_its_output_alone(spark: Any, tmp_path: Path) -> None:
+    """The output's resume point (`_kwal_job`) at batch 7 and db.a's Delta table ahead of it
+    (batch 2 committed at watermark 15 after the resume point's delta_ts 11: a crash
+    between the tables' commits and the resume point's): a job with a new work directory
+    resumes from the output alone -- the resume point's offsets and catalog, db.a's
+    delta_ts raised to its table's watermark (the re-read changes at or below it are
+    dropped), batch ids continuing at 9 above every id any table holds -- and writes its
+    progress to the output first (resumed again, it continues at 10); a merge below the
+    table's last watermark writes nothing."""
+    from consumers.spark.job import resume_from_output
+    from consumers.spark.progress import TableProgress
+
+    output, work = str(tmp_path / "out"), tmp_path / "work"
+    app = app_id(output)
+    path = table_path(output, "db.a")
+    for batch_id, (changes, watermark) in enumerate(BATCHES[:2]):
+        assert merge_batch(spark, path, spark.createDataFrame(changes, SCHEMA), app, batch_id, watermark)
+    state = Progress(batch_id=7, catalog_topic="cat", catalog_watermark=20, catalog_offset=5)
+    state.tables["db.a"] = TableProgress(
+        "db.a", "t.a", watermark=16, delta_ts=11, offsets=[[6, 40, 13], [7, 52, 16]], next_offset=60
+    )
+    state.tables["db.b"] = TableProgress("db.b", "t.b", next_offset=3)  # read, nothing in Delta
+    write_job_state(spark, output, app, state)
+    assert read_job_state(spark, output, app).start_offsets == {"cat": 5, "t.a": 40, "t.b": 3}  # type: ignore[union-attr]
+
+    write_progress(work, Progress(batch_id=3, catalog_topic="cat"))  # not this output's: dropped
+    prog = resume_from_output(spark, output, work, work / "_checkpoint", ["db.a", "db.b"],
+                              read_job_state(spark, output, app))
+    assert prog is not None and (prog.batch_id, prog.batch_base) == (8, 9)
+    assert prog.start_offsets == {"cat": 5, "t.a": 40, "t.b": 3}
+    a = prog.tables["db.a"]
+    assert (a.delta_ts, a.watermark, a.change_dirs, a.offsets) == (13, 13, [], [])
+    assert load_progress(work) == prog
+    again = read_job_state(spark, output, app)
+    assert again is not None and again.batch_id == 8
+    assert resume_from_output(spark, output, tmp_path / "w3", tmp_path / "c3", ["db.a"], again).batch_base == 10  # type: ignore[union-attr]
+
+    # the table's last version claims 13: a version at or below it is not written
+    marks = watermarks(spark, path)
+    assert not merge_batch(spark, path, spark.createDataFrame([], SCHEMA), app, 9, 13, has_changes=False)
+    assert watermarks(spark, path) == marks
 
 
 def test_an_incarnation_gets_no_version_before_its_topic_reaches_it(

@@ -51,3 +51,45 @@ def test_an_offset_log_entry_spark_did_not_write_is_refused(tmp_path: Path) -> N
     (ckpt / "offsets" / "0").write_text("garbage")
     with pytest.raises(ValueError, match="not a Spark offset log entry"):
         committed_offsets(ckpt)
+
+
+def test_a_tables_resume_offset_is_its_oldest_batch_with_a_change_above_delta_ts() -> None:
+    """Where a job resuming from its Delta output alone re-reads a table's topic
+    (`note_offsets`, `resume_offset`): the first offset of the oldest batch that brought a
+    record above the table's delta_ts (a large transaction's rows count at their block's
+    create ts), else the next offset, else the job's start offset."""
+    import json
+
+    import pyarrow as pa
+
+    from consumers.spark.decode import BLOCK, COMMIT_TS, HEARTBEAT, INSERT, META, OFFSET, OP
+    from consumers.spark.progress import TableProgress
+    from consumers.spark.resume import note_offsets, resume_offset
+
+    def stats(rows: list[tuple[str, int, int, str | None]]) -> pa.Table:
+        ops, ts, offs, metas = zip(*rows, strict=True)
+        return pa.table({OP: list(ops), COMMIT_TS: list(ts), META: list(metas), OFFSET: list(offs)},
+                        schema=pa.schema([(OP, pa.string()), (COMMIT_TS, pa.int64()),
+                                          (META, pa.string()), (OFFSET, pa.int64())]))
+
+    prog = Progress(catalog_topic="cat", start_offsets={"t.a": 7})
+    tp = TableProgress("db.a", "t.a")
+    assert resume_offset(prog, tp) == 7  # nothing read yet: where the job started
+    tp.delta_ts = 10
+    note_offsets(tp, 0, stats([(INSERT, 9, 7, None), (HEARTBEAT, 10, 8, None)]))
+    assert (tp.offsets, tp.next_offset, resume_offset(prog, tp)) == ([], 9, 9)  # all in Delta
+    note_offsets(tp, 1, stats([(INSERT, 11, 9, None), (INSERT, 12, 10, None)]))
+    large = json.dumps({"block_id": 3, "large_txn": True, "create_ts": 20})
+    note_offsets(tp, 2, stats([(BLOCK, 13, 11, large)]))
+    assert tp.offsets == [[1, 9, 12], [2, 11, 20]] and resume_offset(prog, tp) == 9
+    tp.delta_ts = 13  # batch 1 is in Delta, batch 2's large transaction (ts 20) is not
+    note_offsets(tp, 3, stats([(HEARTBEAT, 14, 12, None)]))
+    assert tp.offsets == [[2, 11, 20], [3, 12, 14]] and resume_offset(prog, tp) == 11
+    tp.delta_ts = 20
+    note_offsets(tp, 4, stats([(HEARTBEAT, 20, 13, None)]))
+    assert (tp.offsets, resume_offset(prog, tp)) == ([], 14)
+    # a table whose Delta waits (no delta_ts move) keeps a bounded list, from its oldest offset
+    for b in range(5, 60):
+        note_offsets(tp, b, stats([(INSERT, 20 + b, 100 + b, None)]))
+    assert len(tp.offsets) <= 32 and resume_offset(prog, tp) == 105
+    assert max(e[2] for e in tp.offsets) == 79
