@@ -148,9 +148,9 @@ def table_as_of(spark: Any, output: str, table: str, ts: int | None) -> tuple[An
 
 def user_rows(df: Any) -> list[dict[str, Any]]:
     """A table's rows as a user sees them: its own columns (not kwal's `__` ones), in row
-    id order (the TN's order)."""
+    id order (an update gives a row a new row id: not the TN's block order)."""
     cols = [c for c in df.columns if not c.startswith("__")]
-    rows: list[dict[str, Any]] = df.orderBy("__row_id").select(*cols).toArrow().to_pylist()
+    rows: list[dict[str, Any]] = df.orderBy(ROW_ID).select(*cols).toArrow().to_pylist()
     return rows
 
 

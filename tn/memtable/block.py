@@ -45,21 +45,21 @@ class MemBlock:
     def __len__(self) -> int:
         return self.n
 
+    def _rows(self, ts: Any) -> Any:
+        """Rows [0, len) of a ts array (a writable view), or the flushed block's ts as is."""
+        if ts is None:
+            return _EMPTY
+        return ts[: self.n] if isinstance(ts, np.ndarray) else ts
+
     @property
     def cts(self) -> Any:
         """Commit ts of rows [0, len): a view (writable: the pipeline sets them)."""
-        c = self._cts
-        if c is None:
-            return _EMPTY
-        return c[: self.n] if isinstance(c, np.ndarray) else c
+        return self._rows(self._cts)
 
     @property
     def dts(self) -> Any:
         """Delete ts of rows [0, len): a view (writable: deletes set them)."""
-        d = self._dts
-        if d is None:
-            return _EMPTY
-        return d[: self.n] if isinstance(d, np.ndarray) else d
+        return self._rows(self._dts)
 
     @property
     def free(self) -> int:
