@@ -25,8 +25,8 @@ Resuming (`restore_progress`), with M the batch `_kwal_job` records:
    re-read records at or below it are dropped (`BatchWriter._to_delta` keeps changes above
    `delta_ts` only) and a version never claims a watermark below its table's last one
    (`delta_sink.merge_batch` skips such a commit: it would carry no change);
-4. the restored progress is written to `_kwal_job` as batch M+1 (a batch id no Delta
-   table has: M+1 was the interrupted batch), then to the work directory; the job's batch
+4. the restored progress is written to `_kwal_job` as batch M+1 (an id `_kwal_job` has
+   not recorded: M+1 was the interrupted batch), then to the work directory; the job's batch
    ids continue at M+2 (`Progress.batch_base`), above every batch id any table or
    interval-changes table recorded, so no Delta write of the resumed job is skipped as a
    replay of a batch it did not run. Resumed again (its work directory lost again before
