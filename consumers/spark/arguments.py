@@ -16,7 +16,7 @@ FROM_CHECKPOINT = ("auto", "always", "never")
 # kwal's decoder in a `mapInArrow` ("builtin"). The default is the faster of the two as
 # `kwal bench spark` measured them (docs/perf-spark.md).
 SOURCES = ("kwal", "builtin")
-DEFAULT_SOURCE = "builtin"
+DEFAULT_SOURCE = "kwal"
 
 
 def add_job_arguments(parser: argparse.ArgumentParser) -> None:
