@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from schemas.arrow_ipc import ipc_to_table
@@ -137,9 +137,9 @@ class Applied:
 
     max_id: int = 0
     last_ts: int = 0
-    lsns: list[int] | None = None
-    cts: list[int] | None = None
-    memos: list[tuple[int, ...]] | None = None
+    lsns: list[int] = field(default_factory=list)
+    cts: list[int] = field(default_factory=list)
+    memos: list[tuple[int, ...]] = field(default_factory=list)
 
 
 def apply_group(cat: Catalog, group: Group, lo: int, hi: int) -> Applied:
@@ -159,8 +159,7 @@ def apply_groups(cat: Catalog, runs: Sequence[tuple[Group, int, int]]) -> Applie
     same block). Every other entry (DDL, deletes, updates, large transactions; all of a
     version 2 record's) is applied by `apply_entry` in its place in the LSN order, after
     the run gathered so far is placed: it sees every row before it."""
-    out = Applied(lsns=[], cts=[], memos=[])
-    assert out.lsns is not None and out.cts is not None and out.memos is not None
+    out = Applied()
     run: _Run | None = None
     for group, lo, hi in runs:
         a = group.appends
@@ -234,7 +233,6 @@ def _gather(
     cts = a[A_CTS][i0:i1]
     out.max_id = max(out.max_id, *(max(a[c][i0:i1]) for c in (A_DB, A_TABLE, A_SEGMENT, A_BLOCK)))
     out.last_ts = max(out.last_ts, max(cts))
-    assert out.lsns is not None and out.cts is not None and out.memos is not None
     out.lsns.extend(a[A_LSN][i0:i1])
     out.cts.extend(cts)
     out.memos.extend([(b,) for b in blocks[i0:i1]])

@@ -91,7 +91,6 @@ def _recover(
     for r in in_chunks(log.runs(from_lsn)):
         if not isinstance(r, LogRecord):
             done = apply_groups(cat, r)
-            assert done.lsns is not None and done.cts is not None and done.memos is not None
             max_id = max(max_id, done.max_id)
             last_ts = max(last_ts, done.last_ts)
             touched.extend(map(Touched, done.cts, done.lsns, done.memos))
