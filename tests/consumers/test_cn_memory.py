@@ -55,6 +55,9 @@ def test_a_python_cn_holds_bounded_rows_across_many_checkpoints(
                 "the CN applied the checkpoint's records",
                 lambda m=m: cn.last_checkpoint is not None and cn.last_checkpoint[0] >= m.ts,
             )
+            # the table's watermark also needs the catalog topic's mark at m.ts, which may
+            # come in a later poll than the checkpoint's record on the table's topic
+            assert cn.wait_for(m.ts, TABLE, timeout_s=60), cn.errors
             # every row is flushed before the BlockMeta's ts: none is left in memory
             versions = cn.tables[TABLE]
             assert sum(v.rows_in_memory() for v in versions) == 0
