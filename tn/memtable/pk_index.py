@@ -191,6 +191,56 @@ class PkIndex:
                 q, at = q[miss], at[miss]
         return out
 
+    def find_many(
+        self, q: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """`get_many` of an int64 key array, as arrays: (hit, block id, row, ts, live),
+        each of len(q); the entries are valid where hit. No Python object per key but
+        for the keys `recent` may hold."""
+        n = len(q)
+        lo, hi = self._rlo, self._rhi
+        recent = self._recent
+        runs = self._runs
+        hit = np.zeros(n, dtype=bool)
+        blk = np.zeros(n, dtype=np.int64)
+        row = np.zeros(n, dtype=np.int64)
+        ts = np.zeros(n, dtype=np.int64)
+        live = np.zeros(n, dtype=bool)
+        if not n or (not recent and not runs):
+            return hit, blk, row, ts, live
+        if not self._ints:  # keys of another type: the index holds no int key
+            for i, e in enumerate(self.get_many(q.tolist())):
+                if e is not None:
+                    hit[i] = True
+                    blk[i], row[i], ts[i], live[i] = e
+            return hit, blk, row, ts, live
+        at = np.arange(n)
+        if recent:  # recent's entries shadow the runs'
+            near = np.flatnonzero((q >= lo) & (q <= hi))
+            if len(near):
+                for i, k in zip(near.tolist(), q[near].tolist(), strict=True):
+                    e = recent.get(k)
+                    if e is not None:
+                        hit[i] = True
+                        blk[i], row[i], ts[i], live[i] = e
+                if hit.any():
+                    at = np.flatnonzero(~hit)
+                    q = q[at]
+        for run in runs:
+            if not len(q):
+                break
+            h, pos = run.find(q)
+            if h.any():
+                p, a = pos[h], at[h]
+                hit[a] = True
+                blk[a] = run.blk[p]
+                row[a] = run.row[p]
+                ts[a] = run.ts[p]
+                live[a] = run.live[p]
+                miss = ~h
+                q, at = q[miss], at[miss]
+        return hit, blk, row, ts, live
+
     def newer_than(self, keys: Collection[Any], ts: int) -> Any:
         """A key of `keys` whose newest write is after ts (the write-write conflict
         check), else None."""
@@ -199,7 +249,7 @@ class PkIndex:
         runs = self._runs
         q = self._ints_of(keys) if runs and len(keys) > SMALL else None
         if q is None:
-            for k in keys:
+            for k in keys.tolist() if isinstance(keys, np.ndarray) else keys:
                 e = self.get(k) if runs else recent.get(k)
                 if e is not None and e[2] > ts:
                     return k
