@@ -114,8 +114,18 @@ def _is_int(k: Any) -> bool:
 
 def _col(v: Any, n: int, dtype: Any) -> np.ndarray:
     """A scalar or per-key sequence as an array of n."""
-    a = np.asarray(v, dtype=dtype)
-    return np.broadcast_to(a, (n,)) if a.ndim == 0 else a
+    if isinstance(v, int | bool | np.integer | np.bool_):  # np.full: ~4x cheaper than a broadcast
+        return np.full(n, v, dtype=dtype)
+    return np.asarray(v, dtype=dtype)
+
+
+def _values(v: Any, n: int, dtype: Any) -> list[Any]:
+    """A scalar or per-key sequence as a list of n Python values."""
+    if isinstance(v, bool | np.bool_):
+        return [bool(v)] * n
+    if isinstance(v, int | np.integer):
+        return [int(v)] * n
+    return list(np.asarray(v, dtype=dtype).tolist())
 
 
 class PkIndex:
@@ -226,10 +236,16 @@ class PkIndex:
                 if hit.any():
                     at = np.flatnonzero(~hit)
                     q = q[at]
+        if not len(q):
+            return hit, blk, row, ts, live
+        qlo, qhi = int(q.min()), int(q.max())  # of the keys asked: a run outside is skipped
         for run in runs:
             if not len(q):
                 break
-            h, pos = run.find(q)
+            if run.lo > qhi or run.hi < qlo or not len(run):
+                continue
+            pos = np.minimum(np.searchsorted(run.keys, q), len(run) - 1)
+            h = run.keys[pos] == q
             if h.any():
                 p, a = pos[h], at[h]
                 hit[a] = True
@@ -353,10 +369,10 @@ class PkIndex:
         if self._ints is None:
             self._ints = _is_int(keys[0])
         if not self._ints or n < self.run_min:
-            b = _col(bid, n, np.int64).tolist()
-            r = _col(rows, n, np.int64).tolist()
-            t = _col(ts, n, np.int64).tolist()
-            lv = _col(live, n, bool).tolist()
+            b = _values(bid, n, np.int64)
+            r = _values(rows, n, np.int64)
+            t = _values(ts, n, np.int64)
+            lv = _values(live, n, bool)
             recent = self._recent
             kl = keys.tolist() if isinstance(keys, np.ndarray) else keys
             if self._ints:

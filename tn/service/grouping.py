@@ -22,10 +22,11 @@ import numpy as np
 import pyarrow as pa
 
 from schemas.requests import OpKind, TxnRequest
-from tn.service.apply import conform_rows
+from tn.service.apply import conform
 from tn.txn.rows import COLUMNAR_MIN
 
 Table = tuple[str, str]  # (database, table)
+_INT64 = pa.int64()
 
 
 @dataclass
@@ -105,16 +106,16 @@ def member_of(engine: Any, req: TxnRequest, offset: int) -> Member | None:
     for op in req.ops:
         if op.kind is not OpKind.INSERT or op.objects:
             return None
-        rows, schema = conform_rows(engine, op)  # RequestInvalid -> aborted by caller
-        if schema is None:
+        rows, schema, plan = conform(engine, op)  # RequestInvalid -> aborted by caller
+        if schema is None or plan is None:
             return None  # not a committed table: the engine judges it alone
-        names = [c.name for c in schema.columns]
-        if sorted(rows.column_names) != sorted(names):
+        if not plan.complete:
             return None
-        rows = rows.select(names)
+        if plan.order is not None:
+            rows = rows.select(plan.order)
         t = (op.database, op.table)
-        pk = rows.column(schema.primary_key)
-        if len(pk) >= COLUMNAR_MIN and pk.type == pa.int64():
+        pk = rows.column(plan.pk_at)
+        if len(pk) >= COLUMNAR_MIN and pk.type == _INT64:
             # a big insert: its keys as one sorted array (no Python object per row)
             arr = pk.to_numpy()
             if not bool((arr[1:] > arr[:-1]).all()):
