@@ -1,8 +1,9 @@
 """A block's columns in memory as arrays: no Python object per value (issue 33).
 
 A transaction's rows arrive as Python lists, or as Arrow arrays for a big batch
-(tn.txn.rows.Batch); `put` copies them into arrays preallocated for a block's rows, and `arrow` hands rows [0, n) to readers
-as an Arrow array (zero copy where the layout allows). Per column:
+(tn.txn.rows.Batch); `put` copies them into arrays preallocated for a block's rows,
+and `arrow` hands rows [0, n) to readers as an Arrow array (zero copy where the layout
+allows). Per column:
 
 - fixed width (int64, float64, bool, timestamp): a numpy array of BLOCK_ROWS values;
 - variable width (string, binary): the values' bytes in one growing buffer, with each
@@ -117,6 +118,8 @@ class FixedColumn:
     def _put_arrow(self, at: slice, arr: pa.Array) -> None:
         """Rows `at` take an Arrow array of the column's type: no Python value per row
         (a columnar `tn.txn.rows.Batch`)."""
+        if arr.type != self.type:
+            arr = arr.cast(self.type)
         if arr.null_count:
             fill = pa.scalar(False if self.data.dtype.kind == "b" else 0, arr.type)
             self.data[at] = arr.fill_null(fill).to_numpy(zero_copy_only=False)

@@ -69,6 +69,7 @@ class Plan:
     order: list[str] | None
     pk_at: int  # the primary key's column index in the table's order
 
+
 _WHERE = "\0"  # in a cached plan's error message: the table's name, filled in per request
 _plans: dict[int, tuple[TableSchema, list[tuple[pa.Schema, Plan]]]] = {}
 _PLANS_MAX = 4096
