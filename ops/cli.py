@@ -74,6 +74,8 @@ def build_parser() -> argparse.ArgumentParser:
                          help="length of the saturated 1-row phase (TN RSS sampled over it)")
     bcommit.add_argument("--saturated-only", action="store_true",
                          help="only raw Kafka and the saturated phases (profiling runs)")
+    bcommit.add_argument("--only-1000row", action="store_true",
+                         help="with --saturated-only: skip the saturated 1-row phase (profile the 1,000-row one)")
 
     blog = _command(bench, "logtail", "ops.bench.logtail:run", "commit-to-visible latency at a CN")
     blog.add_argument("--seconds", type=float, default=5.0, help="seconds per target rate")

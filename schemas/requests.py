@@ -51,6 +51,9 @@ class OpKind(StrEnum):
     UPDATE = "UPDATE"
 
 
+_OP_KINDS = {k.value: k for k in OpKind}  # a dict lookup: cheaper than the enum's call
+
+
 class Status(StrEnum):
     COMMITTED = "COMMITTED"
     ABORTED = "ABORTED"
@@ -196,16 +199,17 @@ def request_from_dict(d: dict[str, Any]) -> TxnRequest:
         except Exception as e:  # pyarrow raises several types on garbage
             raise RequestFormatError(f"op {i}: row batch is not an Arrow IPC stream: {e}") from e
         keys: tuple[Any, ...] | None = None
+        cols = o.get("columns")
         if keys_table is not None:
             if keys_table.num_columns != 1:
                 raise RequestFormatError(f"op {i}: keys must be one column")
             keys = tuple(keys_table.column(0).to_pylist())
         ops.append(
             TxnOp(
-                kind=OpKind(o["kind"]),
+                kind=_OP_KINDS.get(o["kind"]) or OpKind(o["kind"]),  # (unknown: ValueError)
                 database=o["database"],
                 table=o.get("table", ""),
-                columns=tuple(Column(c["name"], c["type"]) for c in o.get("columns", [])),
+                columns=tuple([Column(c["name"], c["type"]) for c in cols]) if cols else (),
                 primary_key=o.get("primary_key", ""),
                 rows=rows,
                 keys=keys,

@@ -112,6 +112,7 @@ def _bench_kwal(
     workdir: Path,
     saturated_seconds: float = 0.0,
     chained: bool = True,
+    one_row: bool = True,
 ) -> None:
     from infra.topics import ensure_topics
     from producers import Client
@@ -134,7 +135,7 @@ def _bench_kwal(
         if saturated_seconds > 0:
             assert tn.proc is not None
             bench_saturated(
-                cfg, tn.proc.pid, ids, f"{DB}.{TABLE}", seconds, saturated_seconds, out
+                cfg, tn.proc.pid, ids, f"{DB}.{TABLE}", seconds, saturated_seconds, out, one_row
             )
         for n in CLIENTS if chained else ():
             workers = [Client(cfg, client_id=f"bench-{n}-{i}") for i in range(n)]
@@ -228,6 +229,7 @@ def run(args: Any, cfg: KwalConfig) -> int:
     seconds = float(getattr(args, "seconds", 5.0) or 5.0)
     saturated_seconds = float(getattr(args, "saturated_seconds", 60.0) or 0.0)
     saturated_only = bool(getattr(args, "saturated_only", False))
+    one_row = not bool(getattr(args, "only_1000row", False))
     workdir = Path(tempfile.mkdtemp(prefix="kwal-bench-commit-"))
     out: dict[str, Any] = {"bench": "commit", "seconds": seconds, "clients": list(CLIENTS)}
     with bench_kafka(cfg, "commit") as (cfg, where, _broker):
@@ -238,7 +240,7 @@ def run(args: Any, cfg: KwalConfig) -> int:
         cfg = dataclasses.replace(cfg, wal=wal)
         out["wal_backend"] = wal.backend
         bench_raw_kafka(cfg, seconds, out)
-        _bench_kwal(cfg, seconds, out, workdir, saturated_seconds, not saturated_only)
+        _bench_kwal(cfg, seconds, out, workdir, saturated_seconds, not saturated_only, one_row)
         if saturated_only:
             emit(out)
             return 0

@@ -110,8 +110,10 @@ def bench_saturated(
     seconds: float,
     saturated_seconds: float,
     out: dict[str, Any],
+    one_row: bool = True,
 ) -> None:
-    """Phases 1-3 against a running TN (pid `tn_pid`), inserting into `table`."""
+    """Phases 1-3 against a running TN (pid `tn_pid`), inserting into `table`; without
+    `one_row` (``--only-1000row``) the 1,000-row phase alone (to profile it)."""
     from producers import Client
 
     clients = [Client(cfg, client_id=f"bench-sat-{i}") for i in range(SAT_CLIENTS)]
@@ -119,32 +121,33 @@ def bench_saturated(
         out["saturated_clients"] = SAT_CLIENTS
         out["saturated_inflight_per_client"] = SAT_INFLIGHT
 
-        def one_row(i: int) -> Future[Any]:
-            c = clients[i % SAT_CLIENTS]
-            return c.begin().insert(table, [{"id": next(ids), "v": i}]).commit_async()
+        if one_row:
+            def one_row_txn(i: int) -> Future[Any]:
+                c = clients[i % SAT_CLIENTS]
+                return c.begin().insert(table, [{"id": next(ids), "v": i}]).commit_async()
 
-        out["tn_rss_mb_start"] = round(rss_mb(tn_pid), 1)
-        sampler = RssSampler(tn_pid).start()
-        tn_cpu0, my_cpu0 = cpu_s(tn_pid), sum(os.times()[:2])
-        m = measure_chained(SAT_CLIENTS * SAT_INFLIGHT, saturated_seconds, one_row)
-        tn_cpu, my_cpu = cpu_s(tn_pid) - tn_cpu0, sum(os.times()[:2]) - my_cpu0
-        samples = sampler.stop()
-        if m[0]:
-            # CPU per commit: far less noisy than rates on a shared machine
-            out["tn_cpu_us_per_commit_1row"] = round(tn_cpu / m[0] * 1e6, 1)
-            out["client_cpu_us_per_commit_1row"] = round(my_cpu / m[0] * 1e6, 1)
+            out["tn_rss_mb_start"] = round(rss_mb(tn_pid), 1)
+            sampler = RssSampler(tn_pid).start()
+            tn_cpu0, my_cpu0 = cpu_s(tn_pid), sum(os.times()[:2])
+            m = measure_chained(SAT_CLIENTS * SAT_INFLIGHT, saturated_seconds, one_row_txn)
+            tn_cpu, my_cpu = cpu_s(tn_pid) - tn_cpu0, sum(os.times()[:2]) - my_cpu0
+            samples = sampler.stop()
+            if m[0]:
+                # CPU per commit: far less noisy than rates on a shared machine
+                out["tn_cpu_us_per_commit_1row"] = round(tn_cpu / m[0] * 1e6, 1)
+                out["client_cpu_us_per_commit_1row"] = round(my_cpu / m[0] * 1e6, 1)
+                _log(
+                    f"CPU per commit: TN {out['tn_cpu_us_per_commit_1row']} us, clients (this "
+                    f"process) {out['client_cpu_us_per_commit_1row']} us"
+                )
+            out["saturated_seconds"] = saturated_seconds
+            _record(out, "saturated_1row", m, 1)
+            out["tn_peak_rss_mb"] = round(max(samples, default=0.0), 1)
+            out["tn_rss_mb_end"] = round(samples[-1], 1) if samples else None
             _log(
-                f"CPU per commit: TN {out['tn_cpu_us_per_commit_1row']} us, clients (this "
-                f"process) {out['client_cpu_us_per_commit_1row']} us"
+                f"TN RSS: start {out['tn_rss_mb_start']} MiB, peak {out['tn_peak_rss_mb']} MiB, "
+                f"end {out['tn_rss_mb_end']} MiB"
             )
-        out["saturated_seconds"] = saturated_seconds
-        _record(out, "saturated_1row", m, 1)
-        out["tn_peak_rss_mb"] = round(max(samples, default=0.0), 1)
-        out["tn_rss_mb_end"] = round(samples[-1], 1) if samples else None
-        _log(
-            f"TN RSS: start {out['tn_rss_mb_start']} MiB, peak {out['tn_peak_rss_mb']} MiB, "
-            f"end {out['tn_rss_mb_end']} MiB"
-        )
 
         import pyarrow as pa
 

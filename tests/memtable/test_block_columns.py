@@ -189,3 +189,21 @@ def test_rows_in_memory_are_not_python_objects():
     held = [mem.cols[ID].data, mem.cols[SCORE].data, mem.cols[NAME].buf, mem.cts, mem.dts]
     assert all(isinstance(a, np.ndarray) for a in held)
     assert read(mem)[ID][:2] == [10**9, 10**9 + 1]
+
+
+def test_columns_take_arrow_arrays_as_they_take_lists():
+    """A columnar batch (tn.txn.rows.COLUMNAR_MIN rows or more) hands the memtable Arrow
+    arrays: every type, nulls, NaN and a slice of an array read back as from lists."""
+    td = table_data()
+    types = td.column_types()
+    src = rows(0, 300)
+    src[SCORE][5] = float("nan")
+    arrays = {cid: pa.array(vals, types[cid]) for cid, vals in src.items()}
+    td.append(arrays, 300, MAX_TS)
+    (blk,) = td.blocks
+    blk.mem.write({cid: a.slice(100) for cid, a in arrays.items()}, 50, 100, MAX_TS, types)
+    got = read(blk.mem)
+    assert np.isnan(got[SCORE][5]) and got[SCORE][301] is None  # a NaN is no null
+    want = {cid: vals + vals[150:250] for cid, vals in expected(0, 300).items()}
+    got[SCORE][5] = want[SCORE][5] = None
+    assert got == want

@@ -148,3 +148,36 @@ def test_a_request_without_the_batch_header_gets_one_result_record_per_request(
         for key, schema, ids in mine
     )
     assert sorted(rows_of(tn)) == [50, 51, 52, 53]
+
+
+def test_big_inserts_group_by_their_key_arrays() -> None:
+    """Requests of COLUMNAR_MIN rows or more carry their keys as sorted int64 arrays
+    (no tuple per row): overlaps with other big or small members are still found, and a
+    key twice in one request still makes it run alone. No broker: the engine's own."""
+    from tests.tn.helpers import new_engine
+    from tests.tn.helpers import setup_table as engine_table
+    from tn.service.grouping import Group, member_of
+    from tn.txn.rows import COLUMNAR_MIN
+
+    e, _ = new_engine()
+    engine_table(e)
+    n = COLUMNAR_MIN
+
+    def member(ids: list[int]):  # type: ignore[no-untyped-def]
+        rows = pa.table({"id": pa.array(ids, pa.int64()), "v": [str(i) for i in ids]})
+        op = TxnOp(OpKind.INSERT, "db", "t", rows=rows)
+        return member_of(e, TxnRequest(uuid.uuid4().hex, "c", (op,)), 0)
+
+    a, b = member(list(range(n))), member(list(range(2 * n - 1, n - 1, -1)))
+    assert a is not None and b is not None and b.big[("db", "t")][0] == n
+    g = Group()
+    assert g.fits(a, 64)
+    g.add(a)
+    assert g.fits(b, 64)
+    g.add(b)
+    for clash in (list(range(2 * n - 1, 3 * n)), [5], [2 * n, n + 3]):
+        m = member(clash)
+        assert m is not None and not g.fits(m, 64), clash
+    assert g.fits(member([3 * n]), 64)
+    assert member(list(range(n)) + [7]) is None  # a key twice: the engine says so alone
+    assert len(g.take()) == 2 and not g.big and g.fits(member(list(range(n))), 64)

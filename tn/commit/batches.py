@@ -44,7 +44,7 @@ def serialize(batches: list[Batch]) -> None:
     for b in batches:
         if b.ipc is not None:
             continue
-        if b.n > _SMALL:
+        if b.n > _SMALL or b.columnar:  # its rows are Arrow already: written as they are
             b.ipc = table_to_ipc(b.arrow())
         else:
             groups.setdefault(id(b.schema), []).append(b)

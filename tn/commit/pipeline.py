@@ -36,6 +36,8 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
+import numpy as np
+
 from schemas.arrow_ipc import table_to_ipc
 from schemas.codec import encode_entry
 from schemas.wal import (
@@ -94,6 +96,12 @@ class _InFlight:
         data = encode_entry(entry)
         self.entry = entry
         return data
+
+
+def _write_conflict(t: TableNode, k: Any) -> ConflictError:
+    return ConflictError(
+        "write_conflict", f"key {k!r} of {t.db.name}.{t.name} was written concurrently"
+    )
 
 
 def _set_attr(undo: list[tuple[str, Any]], obj: Any, name: str, value: int) -> None:
@@ -353,10 +361,13 @@ class CommitPipeline:
         for t, keys in txn.wkeys.items():
             k = t.mem.index.newer_than(keys, start)
             if k is not None:
-                return ConflictError(
-                    "write_conflict",
-                    f"key {k!r} of {t.db.name}.{t.name} was written concurrently",
-                )
+                return _write_conflict(t, k)
+        for t, arrays in txn.wkey_arrays.items():  # columnar inserts' int64 keys
+            k = t.mem.index.newer_than(
+                arrays[0] if len(arrays) == 1 else np.concatenate(arrays), start
+            )
+            if k is not None:
+                return _write_conflict(t, k)
         return None
 
     def _stamp(self, rec: _InFlight, batches: list[bytes]) -> None:

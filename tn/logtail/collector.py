@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import numpy as np
 import pyarrow as pa
 
 from schemas.arrow_ipc import ARROW_TYPES, ipc_to_table, table_to_ipc
@@ -118,7 +119,7 @@ def collect(entry: WalEntry, view: CatalogView) -> tuple[list[LogtailRecord], li
             for info in cmd.infos:
                 part = batch.slice(info.src_offset, info.src_length)
                 first = make_row_id(info.dest.block_id, info.dest_offset)  # offsets are contiguous
-                ids = pa.array(range(first, first + info.dest_length), pa.int64())
+                ids = pa.array(np.arange(first, first + info.dest_length, dtype=np.int64))
                 part = part.add_column(
                     0, COMMIT_TS, pa.repeat(pa.scalar(cts, pa.int64()), part.num_rows)
                 )

@@ -1,8 +1,9 @@
 """A block's columns in memory as arrays: no Python object per value (issue 33).
 
-A transaction's rows arrive as Python lists (tn.txn.rows.Batch); `put` copies them
-into arrays preallocated for a block's rows, and `arrow` hands rows [0, n) to readers
-as an Arrow array (zero copy where the layout allows). Per column:
+A transaction's rows arrive as Python lists, or as Arrow arrays for a big batch
+(tn.txn.rows.Batch); `put` copies them into arrays preallocated for a block's rows,
+and `arrow` hands rows [0, n) to readers as an Arrow array (zero copy where the layout
+allows). Per column:
 
 - fixed width (int64, float64, bool, timestamp): a numpy array of BLOCK_ROWS values;
 - variable width (string, binary): the values' bytes in one growing buffer, with each
@@ -76,8 +77,11 @@ class FixedColumn:
     def nbytes(self) -> int:
         return int(self.data.nbytes + self.valid.nbytes)
 
-    def put(self, at: int, values: Sequence[Any], src: int, n: int) -> None:
-        """Rows [at, at+n) take values[src:src+n] (None: null)."""
+    def put(self, at: int, values: Sequence[Any] | pa.Array, src: int, n: int) -> None:
+        """Rows [at, at+n) take values[src:src+n] (None: null; an Arrow array: its nulls)."""
+        if isinstance(values, pa.Array):
+            self._put_arrow(slice(at, at + n), values.slice(src, n))
+            return
         if n == 1:
             v = values[src]
             if v is None:
@@ -110,6 +114,19 @@ class FixedColumn:
         # nulls (or NaNs: told apart from nulls here, value by value)
         data[at] = [0 if v is None else v for v in part]
         self.valid[at] = np.fromiter((v is not None for v in part), np.bool_, n)
+
+    def _put_arrow(self, at: slice, arr: pa.Array) -> None:
+        """Rows `at` take an Arrow array of the column's type: no Python value per row
+        (a columnar `tn.txn.rows.Batch`)."""
+        if arr.type != self.type:
+            arr = arr.cast(self.type)
+        if arr.null_count:
+            fill = pa.scalar(False if self.data.dtype.kind == "b" else 0, arr.type)
+            self.data[at] = arr.fill_null(fill).to_numpy(zero_copy_only=False)
+            self.valid[at] = arr.is_valid().to_numpy(zero_copy_only=False)
+        else:
+            self.data[at] = arr.to_numpy(zero_copy_only=False)
+            self.valid[at] = True
 
     def arrow(self, n: int) -> pa.Array:
         """Rows [0, n) as an Arrow array of the column's type."""
@@ -148,11 +165,18 @@ class TimestampColumn(FixedColumn):
         self.data = np.zeros(cap, dtype=np.int64)
         self.valid = np.zeros(cap, dtype=np.bool_)
 
-    def put(self, at: int, values: Sequence[Any], src: int, n: int) -> None:
+    def put(self, at: int, values: Sequence[Any] | pa.Array, src: int, n: int) -> None:
+        if isinstance(values, pa.Array):
+            self._put_arrow(slice(at, at + n), values.slice(src, n))
+            return
         self._store(slice(at, at + n), values[src : src + n], n)
 
     def _store(self, at: slice | np.ndarray, part: Sequence[Any], n: int) -> None:
-        arr = pa.array(list(part), type=self.type)
+        self._put_arrow(at, pa.array(list(part), type=self.type))
+
+    def _put_arrow(self, at: slice | np.ndarray, arr: pa.Array) -> None:
+        if arr.type != self.type:
+            arr = arr.cast(self.type)
         self.data[at] = arr.cast(pa.int64()).fill_null(0).to_numpy()
         self.valid[at] = arr.is_valid().to_numpy(zero_copy_only=False)
 
@@ -228,9 +252,13 @@ class VarColumn:
         self._store(rows, values, n)
         self.top = max(self.top, first + n if ascending else int(rows.max()) + 1)
 
-    def put(self, at: int, values: Sequence[Any], src: int, n: int) -> None:
+    def put(self, at: int, values: Sequence[Any] | pa.Array, src: int, n: int) -> None:
         if at < self.top:
             self.ordered = False  # replay filled a placeholder: bytes out of row order
+        if isinstance(values, pa.Array):
+            self._put_arrow(slice(at, at + n), values.slice(src, n))
+            self.top = max(self.top, at + n)
+            return
         if n == 1:
             v = values[src]
             if v is None:
@@ -275,6 +303,23 @@ class VarColumn:
         self.starts[at] = pos + ends - lens
         self.lens[at] = lens
         self.valid[at] = valid
+
+    def _put_arrow(self, at: slice, arr: pa.Array) -> None:
+        """Rows `at` take a string or binary Arrow array: its bytes copied as they are,
+        its offsets as the rows' starts and lengths (no Python value per row)."""
+        if arr.type != self.type:
+            arr = arr.cast(self.type)
+        n = len(arr)
+        bufs = arr.buffers()
+        offs = np.frombuffer(bufs[1], dtype=np.int32, count=arr.offset + n + 1)[arr.offset :]
+        lo, hi = int(offs[0]), int(offs[-1])
+        pos = self._reserve(hi - lo)
+        if hi > lo:
+            self.buf[pos : pos + hi - lo] = np.frombuffer(bufs[2], dtype=np.uint8, count=hi)[lo:]
+        lens = np.diff(offs).astype(np.int64)
+        self.starts[at] = pos + (offs[:-1].astype(np.int64) - lo)
+        self.lens[at] = lens
+        self.valid[at] = arr.is_valid().to_numpy(zero_copy_only=False) if arr.null_count else True
 
     def arrow(self, n: int) -> pa.Array:
         buf = self.buf  # after n: it holds every row below n (module doc)
@@ -323,9 +368,11 @@ def new_column(typ: pa.DataType) -> Column:
     raise ValueError(f"no in-memory column for type {typ}")
 
 
-def infer_type(values: Sequence[Any]) -> pa.DataType | None:
+def infer_type(values: Sequence[Any] | pa.Array) -> pa.DataType | None:
     """The Arrow type of the first non-null value (a column the table's schemas do not
     name); None when every value is null."""
+    if isinstance(values, pa.Array):
+        return None if values.null_count == len(values) else values.type
     for v in values:
         if v is None:
             continue

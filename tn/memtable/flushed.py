@@ -249,8 +249,10 @@ def _int_zone_may_hold(key: Any, lo: np.int64, hi: np.int64) -> bool:
         return True
 
 
-def _int_keys(keys: Sequence[Any]) -> np.ndarray | None:
+def _int_keys(keys: Sequence[Any] | np.ndarray) -> np.ndarray | None:
     """The keys as int64, when every one is a plain int that fits; else None."""
+    if isinstance(keys, np.ndarray) and keys.dtype == np.int64:
+        return keys
     if not all(type(k) is int for k in keys):
         return None
     try:
@@ -362,10 +364,10 @@ class FlushedKeys:
             self._add(blk, reader.key_filter(blk, pk, self.m or m))
 
     def candidates(
-        self, keys: Sequence[Any], reader: ObjectRows, pk: int, m: int
+        self, keys: Sequence[Any] | np.ndarray, reader: ObjectRows, pk: int, m: int
     ) -> list[tuple[int, BlockNode]]:
         """(index in keys, block) pairs whose filter and zone map may hold the key."""
-        if not keys:
+        if not len(keys):
             return []
         hashes = key_hashes(keys)
         with self.lock:

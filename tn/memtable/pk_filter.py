@@ -41,8 +41,10 @@ def _splitmix(x: np.ndarray) -> np.ndarray:
         return z ^ (z >> np.uint64(31))
 
 
-def key_hashes(keys: Sequence[Any]) -> np.ndarray:
+def key_hashes(keys: Sequence[Any] | np.ndarray) -> np.ndarray:
     """A stable 64-bit hash per key (uint64)."""
+    if isinstance(keys, np.ndarray) and keys.dtype == np.int64:  # a columnar batch's keys
+        return _splitmix(keys.view(np.uint64))
     if keys and all(type(k) is int for k in keys):
         try:
             raw = np.array(keys, dtype=np.int64).view(np.uint64)

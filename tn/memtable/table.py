@@ -225,20 +225,39 @@ class TableData:
         with self.index_lock:
             if len(inserts) == 1 and inserts[0][4] == 1:
                 keys, src, blk, row0, _ = inserts[0]
-                idx.set(keys[src], blk.id, row0, ts, True)
+                key = keys[src]
+                idx.set(key.item() if isinstance(key, np.generic) else key, blk.id, row0, ts, True)
                 if blk.id not in by_id:
                     by_id[blk.id] = blk
             elif inserts:
                 ks: list[Any] = []
+                arrays: list[np.ndarray] = []  # columnar batches' int64 keys
                 bids: list[np.ndarray] = []
                 rows: list[np.ndarray] = []
                 for keys, src, blk, row0, n in inserts:
-                    ks.extend(keys[src : src + n])
+                    if isinstance(keys, np.ndarray):
+                        arrays.append(keys[src : src + n])
+                    else:
+                        ks.extend(keys[src : src + n])
                     bids.append(np.full(n, blk.id, dtype=np.int64))
                     rows.append(np.arange(row0, row0 + n, dtype=np.int64))
                     if blk.id not in by_id:
                         by_id[blk.id] = blk
-                idx.set_many(ks, np.concatenate(bids), np.concatenate(rows), ts, True)
+                allk: Any = ks
+                if arrays:  # in the order of `inserts` (a key given twice takes its last)
+                    if ks:
+                        allk = [
+                            k
+                            for keys, src, _, _, n in inserts
+                            for k in (
+                                keys[src : src + n].tolist()
+                                if isinstance(keys, np.ndarray)
+                                else keys[src : src + n]
+                            )
+                        ]
+                    else:
+                        allk = arrays[0] if len(arrays) == 1 else np.concatenate(arrays)
+                idx.set_many(allk, np.concatenate(bids), np.concatenate(rows), ts, True)
             if not deletes:
                 return
             cur = idx.get_many([d[0] for d in deletes])
@@ -275,10 +294,13 @@ class TableData:
         schema = self.table.schemas[-1][1]
         return schema.column(schema.primary_key).column_id
 
-    def lookup_many(self, keys: Sequence[Any]) -> dict[Any, list[Any]]:
+    def lookup_many(self, keys: Sequence[Any] | np.ndarray) -> dict[Any, list[Any]]:
         """key -> [block, row, last write ts, live] of each key's newest write (keys never
         written are absent): the index, else the flushed blocks (their key filters, then
-        their key column and row ts). Entries are copies: read-only."""
+        their key column and row ts). Entries are copies: read-only. `keys` may be an
+        int64 array (a columnar batch's): then only the keys found cost Python work."""
+        if isinstance(keys, np.ndarray):
+            return self._lookup_array(keys)
         out: dict[Any, list[Any]] = {}
         check: list[Any] = []
         by_id = self.by_id
@@ -291,25 +313,53 @@ class TableData:
                     check.append(k)
         if not check or not len(self.flushed):
             return out
-        for k, fe in self._lookup_flushed(check).items():
+        self._merge_flushed(out, self._lookup_flushed(check))
+        return out
+
+    def _lookup_array(self, keys: np.ndarray) -> dict[Any, list[Any]]:
+        """`lookup_many` of an int64 key array."""
+        out: dict[Any, list[Any]] = {}
+        hit, blk, row, ts, live = self.index.find_many(keys)
+        check = ~hit
+        if hit.any():
+            by_id = self.by_id
+            at = np.flatnonzero(hit)
+            for k, b, r, t, lv in zip(
+                keys[at].tolist(),
+                blk[at].tolist(),
+                row[at].tolist(),
+                ts[at].tolist(),
+                live[at].tolist(),
+                strict=True,
+            ):
+                out[k] = [by_id[b], r, t, lv]
+            check |= hit & ~live  # a delete: a newer live row may be in a flushed block
+        if not len(self.flushed) or not check.any():
+            return out
+        self._merge_flushed(out, self._lookup_flushed(keys[check]))
+        return out
+
+    @staticmethod
+    def _merge_flushed(out: dict[Any, list[Any]], flushed: dict[Any, list[Any]]) -> None:
+        for k, fe in flushed.items():
             cur = out.get(k)
             if cur is None:
                 out[k] = fe
             elif fe[3] and (fe[0] is not cur[0] or fe[1] != cur[1]) and fe[2] > cur[2]:
                 out[k] = fe
-        return out
 
-    def _lookup_flushed(self, keys: list[Any]) -> dict[Any, list[Any]]:
+    def _lookup_flushed(self, keys: list[Any] | np.ndarray) -> dict[Any, list[Any]]:
         reader = self.objects()
         if reader is None:
             return {}
+        kl = keys.tolist() if isinstance(keys, np.ndarray) else keys
         pk = self.pk_cid()
         m = filter_bits(BLOCK_ROWS, reader.bits_per_key)
         best: dict[Any, list[Any]] = {}
         groups: dict[int, tuple[BlockNode, list[Any]]] = {}
         for i, blk in self.flushed.candidates(keys, reader, pk, m):
             if blk.delete_ts == MAX_TS and isinstance(blk.mem.cols, DroppedCols):
-                groups.setdefault(blk.id, (blk, []))[1].append(keys[i])
+                groups.setdefault(blk.id, (blk, []))[1].append(kl[i])
         for blk, wanted in groups.values():  # one read of each per block, not per key
             mem = blk.mem
             cols = mem.cols

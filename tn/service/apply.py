@@ -10,6 +10,7 @@ anything, integers to a wider integer or to float, float32 to float64).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
@@ -54,6 +55,86 @@ def _fits(have: pa.DataType, want: pa.DataType) -> bool:
     return False
 
 
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """What `conform_rows` does with rows of one Arrow schema for one table schema (the
+    same for every request that sends that schema: computed once, `_plan`)."""
+
+    error: RequestInvalid | None  # the rows' schema does not fit the table's
+    target: pa.Schema | None  # cast to this (None: the rows fit as they are)
+    pk: int  # the primary key's column index in the rows (-1: none; then `error`)
+    # the rows hold every column of the table, `order` lists them in the table's
+    # order (None: they are in it already) -- what a group member needs (grouping)
+    complete: bool
+    order: list[str] | None
+    pk_at: int  # the primary key's column index in the table's order
+
+
+_WHERE = "\0"  # in a cached plan's error message: the table's name, filled in per request
+_plans: dict[int, tuple[TableSchema, list[tuple[pa.Schema, Plan]]]] = {}
+_PLANS_MAX = 4096
+
+
+def _plan(schema: TableSchema, have: pa.Schema) -> Plan:
+    """The cached `Plan` for rows of schema `have` into a table of `schema` (by id: a
+    table schema is one object per version; comparing Arrow schemas is cheap, hashing
+    one is not)."""
+    e = _plans.get(id(schema))
+    if e is None or e[0] is not schema:
+        if len(_plans) >= _PLANS_MAX:
+            _plans.clear()
+        e = _plans[id(schema)] = (schema, [])
+    for s, plan in e[1]:
+        if s.equals(have):
+            return plan
+    plan = _make_plan(schema, have)
+    if len(e[1]) < 16:
+        e[1].append((have, plan))
+    return plan
+
+
+def _make_plan(schema: TableSchema, have: pa.Schema) -> Plan:
+    names = have.names
+    types = {c.name: getattr(c.type, "value", c.type) for c in schema.columns}
+    pk = schema.primary_key
+
+    def refused(reason: str, message: str, at: int = -1) -> Plan:
+        return Plan(RequestInvalid(reason, message), None, at, False, None, -1)
+
+    unknown = [n for n in names if n not in types]
+    if unknown:
+        return refused(Reason.UNKNOWN_COLUMN, f"{_WHERE} has no column(s) {', '.join(unknown)}")
+    if pk not in names:
+        return refused(
+            Reason.MISSING_PRIMARY_KEY, f"rows for {_WHERE} lack primary key column {pk!r}"
+        )
+    fields = []
+    for name in names:
+        got = have.field(name).type
+        want = _ARROW.get(types[name])
+        if want is None:  # e.g. timestamp: the engine decides
+            fields.append(pa.field(name, got))
+            continue
+        if not _fits(got, want):
+            return refused(
+                Reason.TYPE_MISMATCH,
+                f"column {_WHERE}.{name} is {types[name]}, got {got}",
+                names.index(pk),
+            )
+        fields.append(pa.field(name, want))
+    target = pa.schema(fields)
+    wanted = [c.name for c in schema.columns]
+    complete = len(names) == len(wanted) and sorted(names) == sorted(wanted)
+    return Plan(
+        None,
+        None if target == have else target,
+        names.index(pk),
+        complete,
+        None if names == wanted else wanted,
+        wanted.index(pk),
+    )
+
+
 def conform_rows(engine: Any, op: TxnOp) -> tuple[pa.Table, TableSchema | None]:
     """Check `op.rows` against the table's committed schema and cast to it.
 
@@ -61,6 +142,12 @@ def conform_rows(engine: Any, op: TxnOp) -> tuple[pa.Table, TableSchema | None]:
     same request), the rows go to the engine unchanged and it judges them
     (the schema returned is then None).
     """
+    rows, schema, _ = conform(engine, op)
+    return rows, schema
+
+
+def conform(engine: Any, op: TxnOp) -> tuple[pa.Table, TableSchema | None, Plan | None]:
+    """`conform_rows`, and the `Plan` it followed (None with the schema)."""
     rows = op.rows
     if rows is None:
         raise RequestInvalid(
@@ -69,44 +156,24 @@ def conform_rows(engine: Any, op: TxnOp) -> tuple[pa.Table, TableSchema | None]:
     try:
         schema = engine.schema(op.database, op.table)
     except TnError:
-        return rows, None
-    types = {c.name: getattr(c.type, "value", c.type) for c in schema.columns}
-    unknown = [n for n in rows.column_names if n not in types]
-    if unknown:
-        raise RequestInvalid(
-            Reason.UNKNOWN_COLUMN, f"{op.database}.{op.table} has no column(s) {', '.join(unknown)}"
-        )
-    pk = schema.primary_key
-    if pk not in rows.column_names:
+        return rows, None, None
+    plan = _plan(schema, rows.schema)
+    where = f"{op.database}.{op.table}"
+    if plan.error is not None and plan.pk < 0:  # checked before the key's nulls
+        raise RequestInvalid(plan.error.reason, plan.error.message.replace(_WHERE, where))
+    if rows.column(plan.pk).null_count:
         raise RequestInvalid(
             Reason.MISSING_PRIMARY_KEY,
-            f"rows for {op.database}.{op.table} lack primary key column {pk!r}",
+            f"rows for {where} have a null primary key {schema.primary_key!r}",
         )
-    if rows.column(pk).null_count:
-        raise RequestInvalid(
-            Reason.MISSING_PRIMARY_KEY,
-            f"rows for {op.database}.{op.table} have a null primary key {pk!r}",
-        )
-    fields = []
-    for name in rows.column_names:
-        have = rows.schema.field(name).type
-        want = _ARROW.get(types[name])
-        if want is None:  # e.g. timestamp: the engine decides
-            fields.append(pa.field(name, have))
-            continue
-        if not _fits(have, want):
-            raise RequestInvalid(
-                Reason.TYPE_MISMATCH,
-                f"column {op.database}.{op.table}.{name} is {types[name]}, got {have}",
-            )
-        fields.append(pa.field(name, want))
-    target = pa.schema(fields)
-    if target == rows.schema:
-        return rows, schema
+    if plan.error is not None:
+        raise RequestInvalid(plan.error.reason, plan.error.message.replace(_WHERE, where))
+    if plan.target is None:
+        return rows, schema, plan
     try:
-        return rows.cast(target, safe=True), schema
+        return rows.cast(plan.target, safe=True), schema, plan
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as e:
-        raise RequestInvalid(Reason.TYPE_MISMATCH, f"rows for {op.database}.{op.table}: {e}") from e
+        raise RequestInvalid(Reason.TYPE_MISMATCH, f"rows for {where}: {e}") from e
 
 
 def apply_ops(engine: Any, txn: Any, req: TxnRequest, store: ObjectStore | None = None) -> None:

@@ -119,30 +119,52 @@ def _convert(c: ColumnDef, values: list[Any]) -> list[Any]:
     return out
 
 
-class Batch:
-    """Validated rows: one Python list per schema column (schema order), and the same rows
-    as Arrow (built lazily, for the WAL's Append batch)."""
+# An Arrow table of at least this many rows stays columnar in its `Batch` (no Python value
+# per row: the memtable, the key checks and the WAL take its arrays); smaller ones become
+# Python lists, which cost less than pyarrow's per-call overhead for a few rows.
+COLUMNAR_MIN = 64
 
-    __slots__ = ("schema", "cols", "n", "nbytes", "_arrow", "ipc")
+
+class Batch:
+    """Validated rows: per schema column (schema order) either a Python list (`cols`) or,
+    for an Arrow table of `COLUMNAR_MIN` rows or more, an Arrow array (`arrays`; `cols`
+    then converts on first use), and the same rows as Arrow (built lazily from the lists,
+    for the WAL's Append batch)."""
+
+    __slots__ = ("schema", "_cols", "arrays", "n", "nbytes", "_arrow", "ipc", "_keys")
 
     def __init__(
         self,
         schema: TableSchema,
-        cols: list[list[Any]],
+        cols: list[list[Any]] | None,
         n: int,
         nbytes: int,
         arrow: pa.Table | None,
+        arrays: list[pa.Array] | None = None,
     ) -> None:
         self.schema = schema
-        self.cols = cols
+        self._cols = cols
+        self.arrays = arrays  # columnar: one Arrow array per schema column
         self.n = n
         self.nbytes = nbytes
         self._arrow = arrow
         self.ipc: bytes | None = None  # the Arrow IPC stream, set at commit
+        self._keys: Any = None
+
+    @property
+    def cols(self) -> list[list[Any]]:
+        if self._cols is None:
+            assert self.arrays is not None
+            self._cols = [a.to_pylist() for a in self.arrays]
+        return self._cols
 
     @property
     def has_arrow(self) -> bool:
         return self._arrow is not None
+
+    @property
+    def columnar(self) -> bool:
+        return self.arrays is not None
 
     def arrow(self) -> pa.Table:
         if self._arrow is None:
@@ -156,13 +178,26 @@ class Batch:
             self._arrow = pa.Table.from_batches([rb])
         return self._arrow
 
-    def by_column_id(self) -> dict[int, list[Any]]:
-        return {c.column_id: col for c, col in zip(self.schema.columns, self.cols, strict=True)}
+    def by_column_id(self) -> dict[int, Any]:
+        """column id -> the column's values (a list, or an Arrow array when columnar)."""
+        cols = self.arrays if self.arrays is not None else self.cols
+        return {c.column_id: col for c, col in zip(self.schema.columns, cols, strict=True)}
 
-    def keys(self) -> list[Any]:
-        for c, col in zip(self.schema.columns, self.cols, strict=True):
+    def keys(self) -> Any:
+        """The primary-key values: a list, or (columnar, int64 key) an int64 numpy array."""
+        if self._keys is None:
+            self._keys = self._key_values()
+        return self._keys
+
+    def _key_values(self) -> Any:
+        for i, c in enumerate(self.schema.columns):
             if c.name == self.schema.primary_key:
-                return col
+                if self.arrays is None:
+                    return self.cols[i]
+                arr = self.arrays[i]
+                if c.type is ColumnType.INT64:  # no nulls: checked when the batch was made
+                    return arr.to_numpy(zero_copy_only=False)
+                return arr.to_pylist()
         raise KeyError(self.schema.primary_key)
 
 
@@ -235,8 +270,18 @@ def _conform(schema: TableSchema, rows: pa.Table) -> pa.Table:
 
 
 def _from_arrow(schema: TableSchema, table: pa.Table) -> Batch:
-    # (checks on the Python values: cheaper than pyarrow calls for the usual tiny batches)
     pk = schema.primary_key
+    if table.num_rows >= COLUMNAR_MIN:
+        # columnar: the checks and the arrays without a Python value per row
+        table = table.combine_chunks()
+        arrays = [table.column(i).chunk(0) for i in range(table.num_columns)]
+        for c, arr in zip(schema.columns, arrays, strict=True):
+            if arr.null_count and (c.name == pk or not c.nullable):
+                if c.name == pk:
+                    raise ValidationError("missing_primary_key", f"null primary key {pk!r}")
+                raise ValidationError("type_mismatch", f"null in non-nullable column {c.name!r}")
+        return Batch(schema, None, table.num_rows, table.get_total_buffer_size(), table, arrays)
+    # (checks on the Python values: cheaper than pyarrow calls for the usual tiny batches)
     cols = [table.column(i).to_pylist() for i in range(table.num_columns)]
     for c, col in zip(schema.columns, cols, strict=True):
         if c.name == pk:

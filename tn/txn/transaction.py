@@ -24,6 +24,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 from schemas.wal import ColumnDef, TableSchema
@@ -65,9 +66,15 @@ class Transaction:
         self._schema: dict[int, TableSchema] = {}
         self._max_cid: dict[int, int] = {}
         self.wkeys: dict[TableNode, set[Any]] = {}  # keys written per table (conflict check)
+        # ...and those of columnar inserts (int64 keys), as the batches' arrays
+        self.wkey_arrays: dict[TableNode, list[np.ndarray]] = {}
         self.inserts: dict[TableNode, list[InsertRange]] = {}
         self.deletes: dict[TableNode, list[Loc]] = {}
         self._own_live: dict[TableNode, dict[Any, int]] = {}
+        # inserted rows not yet in `_own_live` (keys, first row in keys, block id *
+        # ROW_SLOTS + first row, count): the dict is built only when a later insert or
+        # delete of the same table needs it (most transactions insert into a table once)
+        self._own_ranges: dict[TableNode, list[tuple[Any, int, int, int]]] = {}
         self._own_dead: dict[TableNode, set[Any]] = {}
         self.ranges: list[tuple[BlockNode, int, int]] = []  # (block, start, n) of appended rows
         self.dml_tables: set[TableNode] = set()
@@ -85,7 +92,7 @@ class Transaction:
 
     @property
     def has_writes(self) -> bool:
-        return bool(self.ops or self.deletes or self.wkeys)
+        return bool(self.ops or self.deletes or self.wkeys or self.wkey_arrays)
 
     def is_new(self, node: Node) -> bool:
         return node.id in self._new_ids
@@ -261,40 +268,59 @@ class Transaction:
         if self._bytes + size > MAX_TXN_BYTES:
             raise ValidationError("oversized", f"transaction exceeds {MAX_TXN_BYTES} bytes of rows")
         keys = batch.keys()
-        if n > 1 and len(set(keys)) != n:
+        # int64 keys of a columnar batch: an array, checked with numpy (no Python per row)
+        arr = keys if isinstance(keys, np.ndarray) else None
+        if n > 1 and (
+            _has_repeats(arr) if arr is not None else len(set(keys)) != n
+        ):
             raise ValidationError("duplicate_key", "duplicate primary keys in the batch")
-        own_live = self._own_live.get(t)
+        own_live = self._live_of(t)
         own_dead = self._own_dead.get(t)
         start = self.start_ts
-        ask = []
-        for k in keys:
-            if own_live is not None and k in own_live:
-                raise ValidationError("duplicate_key", f"duplicate primary key {k!r}")
-            if own_dead is not None and k in own_dead:
-                continue
-            ask.append(k)
-        found = t.mem.lookup_many(ask) if ask else {}
-        for k in ask:
-            e = found.get(k)
-            if e is not None and e[3] and e[2] <= start:
+        ask: Any = keys
+        if own_live or own_dead:
+            ask = []
+            for k in keys.tolist() if arr is not None else keys:
+                if own_live is not None and k in own_live:
+                    raise ValidationError("duplicate_key", f"duplicate primary key {k!r}")
+                if own_dead is not None and k in own_dead:
+                    continue
+                ask.append(k)
+        # only keys written before are in `found`: the new ones (most) cost nothing here
+        found = t.mem.lookup_many(ask) if len(ask) else {}
+        for k, e in found.items():
+            if e[3] and e[2] <= start:
                 raise ValidationError("duplicate_key", f"duplicate primary key {k!r}")
         self._bytes += size
         ranges = t.mem.append(batch.by_column_id(), n, MAX_TS)
-        if own_live is None:
-            own_live = self._own_live[t] = {}
         ins = self.inserts.setdefault(t, [])
-        wk = self.wkeys.setdefault(t, set())
+        pending = self._own_ranges.setdefault(t, [])
         for blk, row0, src, cnt in ranges:
             self.ranges.append((blk, row0, cnt))
             ins.append((keys, src, blk, row0, cnt))
-            at = blk.id * ROW_SLOTS + row0
-            for i in range(cnt):
-                own_live[keys[src + i]] = at + i
-        if own_dead is not None:
-            own_dead.difference_update(keys)
-        wk.update(keys)
+            pending.append((keys, src, blk.id * ROW_SLOTS + row0, cnt))
+        if own_dead:
+            own_dead.difference_update(keys.tolist() if arr is not None else keys)
+        if arr is not None:
+            self.wkey_arrays.setdefault(t, []).append(arr)
+        else:
+            self.wkeys.setdefault(t, set()).update(keys)
         self.dml_tables.add(t)
         self.ops.append(("append", t, batch, ranges))
+
+    def _live_of(self, t: TableNode) -> dict[Any, int] | None:
+        """The transaction's own live rows of `t` (key -> block id * ROW_SLOTS + row),
+        built now from the inserts not in it yet; None when it inserted nothing there."""
+        pending = self._own_ranges.pop(t, None)
+        own_live = self._own_live.get(t)
+        if pending:
+            if own_live is None:
+                own_live = self._own_live[t] = {}
+            for keys, src, at, cnt in pending:
+                part = keys[src : src + cnt]
+                kl = part.tolist() if isinstance(part, np.ndarray) else part
+                own_live.update(zip(kl, range(at, at + cnt), strict=True))
+        return own_live
 
     def system_op(
         self,
@@ -320,7 +346,7 @@ class Transaction:
             self._delete(t, key_list(schema, keys))
 
     def _delete(self, t: TableNode, keys: list[Any]) -> None:
-        own_live = self._own_live.get(t)
+        own_live = self._live_of(t)
         own_dead = self._own_dead.setdefault(t, set())
         start = self.start_ts
         dels = self.deletes.setdefault(t, [])
@@ -395,6 +421,13 @@ class Transaction:
         for node in self.new_nodes:
             if node.create_ts == MAX_TS:
                 self._catalog.forget(node)
+
+
+def _has_repeats(keys: np.ndarray) -> bool:
+    """Whether a key array holds a value twice (ascending keys, the common case: one pass)."""
+    if bool((keys[1:] > keys[:-1]).all()):
+        return False
+    return len(np.unique(keys)) != len(keys)
 
 
 def _check_name(name: Any, what: str = "name") -> None:
