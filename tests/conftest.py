@@ -214,13 +214,20 @@ def spark() -> Iterator[Any]:
 
 
 # The suite's time in view: with KWAL_TEST_DURATIONS=FILE, each test's time (setup + call +
-# teardown) is written to FILE as "seconds<TAB>node id" lines when the session ends
+# teardown) is written to FILE as "seconds<TAB>node id<TAB>worker<TAB>start<TAB>stop" lines
+# (start and stop in epoch seconds) when the session ends
 # (scripts/test prints the ten slowest). Under xdist the controller sees every report.
 _durations: dict[str, float] = {}
+# (worker, first phase's start, last phase's stop) per test: where a worker idled
+_spans: dict[str, tuple[str, float, float]] = {}
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     _durations[report.nodeid] = _durations.get(report.nodeid, 0.0) + report.duration
+    worker = getattr(getattr(report, "node", None), "gateway", None)
+    name = getattr(worker, "id", "main")
+    first = _spans.get(report.nodeid, (name, report.start, report.stop))
+    _spans[report.nodeid] = (name, min(first[1], report.start), max(first[2], report.stop))
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
@@ -228,7 +235,10 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     if not target or hasattr(session.config, "workerinput"):  # an xdist worker: not the controller
         return
     rows = sorted(_durations.items(), key=lambda kv: -kv[1])
-    Path(target).write_text("".join(f"{s:.2f}\t{nodeid}\n" for nodeid, s in rows))
+    Path(target).write_text("".join(
+        f"{s:.2f}\t{nodeid}\t{_spans[nodeid][0]}\t{_spans[nodeid][1]:.1f}\t{_spans[nodeid][2]:.1f}\n"
+        for nodeid, s in rows
+    ))
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
