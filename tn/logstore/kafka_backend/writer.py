@@ -11,6 +11,12 @@
    flight: one appender gets one-entry records at once, many appenders get
    groups that fill while earlier records are in flight (adaptive group commit).
 
+On the transactional bus an entry may come with companion records (`append`'s
+`companions`: the commit's results, `tn.service.riding`); they are produced in the
+same step as the record that holds the entry (`TxnChannel.produce_all`), so in its
+Kafka transaction, and never again (a record issued again leaves them out: they went
+with the first copy, whose transaction committed).
+
 Issuing a record: round-robin partition; headers carry epoch, first LSN, count,
 the window's contiguous acknowledged LSN at that moment and the record format
 version. A group of WAL entries (`schemas.codec.EncodedEntry` payloads) is
