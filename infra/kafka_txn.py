@@ -40,8 +40,9 @@ How it runs, numbered as the bus thread does it:
 Companions (`TxnChannel.produce_all`): records queued in one step go into the same
 transaction. The WAL writer queues its record with the results of the commits it
 holds (`TxnRecord`), so a result is visible exactly when its commit is durable, one
-transaction instead of two (docs/perf-commit.md); a record's `on_commit` runs on the
-bus thread right after its transaction committed, before any delivery report.
+transaction instead of two (docs/perf-commit.md); a record's `before_commit` runs on the
+bus thread right before its transaction's commit is sent (readers may see it from then
+on), so before any delivery report.
 
 One transaction is open at a time and none is long-lived (DESIGN.md): a frozen
 TN's open transaction is aborted by the next instance's `init_transactions`,
@@ -101,8 +102,9 @@ class Unsent:
 
 @dataclass(frozen=True, slots=True)
 class TxnRecord:
-    """One record for `TxnChannel.produce_all`. `on_commit`: run on the bus thread once
-    the record's transaction committed (before the delivery reports); `fatal_on_abort`:
+    """One record for `TxnChannel.produce_all`. `before_commit`: run on the bus thread right
+    before the record's transaction's commit is sent (the record may be read from then on;
+    the commit may still fail); `fatal_on_abort`:
     an aborted transaction holding this record fails the bus (module docstring, 5)."""
 
     topic: str
@@ -111,7 +113,7 @@ class TxnRecord:
     partition: int | None = None
     headers: Any = None
     on_delivery: DeliveryCallback | None = None
-    on_commit: Callable[[], None] | None = None
+    before_commit: Callable[[], None] | None = None
     fatal_on_abort: bool = False
 
 
@@ -125,7 +127,7 @@ class _Record:
     headers: Any
     on_delivery: DeliveryCallback | None
     report: tuple[KafkaError | None, Any] | None = field(default=None)
-    on_commit: Callable[[], None] | None = None
+    before_commit: Callable[[], None] | None = None
     fatal_on_abort: bool = False
 
     def unsent(self) -> Unsent:
@@ -265,6 +267,7 @@ class TxnBus:
             errors = [r.report[0] for r in batch if r.report is not None and r.report[0]]
             if errors:
                 raise KafkaException(errors[0])
+            self._before_commit(batch)
             self._commit()
         except KafkaException as e:
             err: KafkaError = e.args[0] if e.args and isinstance(e.args[0], KafkaError) else (
@@ -285,14 +288,18 @@ class TxnBus:
         self.transactions += 1
         self.records += len(batch)
         for rec in batch:
-            if rec.on_commit is not None:
-                try:
-                    rec.on_commit()
-                except Exception:  # noqa: BLE001 - a hook's bug must not stop the reports
-                    log.exception("%s: an on_commit hook failed", self.transactional_id)
-        for rec in batch:
             assert rec.report is not None
             rec.channel._report(rec, None, rec.report[1])
+
+    def _before_commit(self, batch: list[_Record]) -> None:
+        """The records' `before_commit` hooks: from the moment the commit is sent, a
+        read_committed reader may see them (the markers can land before EndTxn returns)."""
+        for rec in batch:
+            if rec.before_commit is not None:
+                try:
+                    rec.before_commit()
+                except Exception:  # noqa: BLE001 - a hook's bug must not stop the commit
+                    log.exception("%s: a before_commit hook failed", self.transactional_id)
 
     def _produce(self, rec: _Record) -> None:
         def on_delivery(err: KafkaError | None, msg: Any, rec: _Record = rec) -> None:
@@ -408,7 +415,7 @@ class TxnChannel:
                     r.partition,
                     r.headers,
                     r.on_delivery,
-                    on_commit=r.on_commit,
+                    before_commit=r.before_commit,
                     fatal_on_abort=r.fatal_on_abort,
                 )
                 for r in records

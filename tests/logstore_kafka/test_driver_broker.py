@@ -246,8 +246,8 @@ def test_physical_truncation_where_broker_deletes_records(wal_config: KwalConfig
 def test_companions_ride_in_the_transaction_of_their_entrys_record(wal_config: KwalConfig) -> None:
     """A commit's results ride its WAL record (`tn.service.riding`): a companion appended with
     an entry is produced with the record that holds it, in ONE Kafka transaction; its
-    on_commit runs once that committed, before its delivery report (with an offset) and
-    the entry's acknowledgement. The bus's channels are truthy even when idle (an idle
+    before_commit hook runs as that transaction's commit is sent, before its delivery
+    report (with an offset) and the entry's acknowledgement. The bus's channels are truthy even when idle (an idle
     one, taken for "no producer", once sent the TN's results around the bus, unfenced)."""
     ensure_topics(wal_config, [TopicSpec(wal_config.topics.results, 1, {})])
     d = KafkaDriver(wal_config, delete_records=False)
@@ -262,7 +262,7 @@ def test_companions_ride_in_the_transaction_of_their_entrys_record(wal_config: K
             b"a result",
             b"client",
             on_delivery=lambda err, msg: seen.append(("delivered", (err, msg.offset()))),
-            on_commit=lambda: seen.append(("committed", None)),
+            before_commit=lambda: seen.append(("committed", None)),
         )
         txns, records = d.bus.transactions, d.bus.records
         fut = store.append(b"entry", [companion])

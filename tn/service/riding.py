@@ -12,7 +12,8 @@ results are aborted with its WAL records. Numbered as it runs:
    batches) and returns them as companion records; the WAL writer produces them in the
    same step as the record holding the entry (`TxnChannel.produce_all`), so in its
    transaction. Nothing is built for a transaction that fails its conflict check;
-3. right after that transaction committed, on the bus thread, `released(cts)` tells the
+3. right before that transaction's commit is sent (from then on a reader may see the
+   results, even before EndTxn returns), on the bus thread, `released(cts)` tells the
    service that results up to cts may be read: its request loop makes them visible in
    the engine before it begins any transaction for requests it polled afterwards (a
    client's next request sees its previous commit);
@@ -82,7 +83,7 @@ class Riding:
                 rec.value,
                 rec.key,
                 on_delivery=functools.partial(self._report, rec),
-                on_commit=released,
+                before_commit=released,
             )
             for rec in self._records
         ]

@@ -387,8 +387,8 @@ class TnService:
     def _await_released(self) -> None:
         """`tn.service.riding` step 3: a result a client may have read is visible here
         before any transaction begins for what was polled after it (a client's next
-        request sees its previous commit). Waits only for the engine to apply commits
-        already durable, not for a transaction in flight."""
+        request sees its previous commit). Waits for the commit being sent and the engine's
+        applying of it, never for a transaction still producing."""
         ts = self._released_ts
         pipeline = self.engine.pipeline
         while (
@@ -400,7 +400,8 @@ class TnService:
             pass
 
     def _released(self, commit_ts: int) -> None:
-        """Riding results up to `commit_ts` were committed (the bus thread, step 3)."""
+        """Riding results up to `commit_ts` may be read from now on (the bus thread, as it
+        sends their transaction's commit: `tn.service.riding` step 3)."""
         if commit_ts > self._released_ts:
             self._released_ts = commit_ts
 
