@@ -167,6 +167,10 @@ class CommitPipeline:
         `log.companions` is true; nothing is built for a transaction that is not logged."""
         self._companions[txn] = build
 
+    def detach_companions(self, txn: Transaction) -> None:
+        """Forget `attach_companions` for a transaction that will not be submitted."""
+        self._companions.pop(txn, None)
+
     def heartbeat(self) -> Future[int]:
         """An empty transaction: a timestamp drawn in queue order, nothing logged. Its
         future completes (after the heartbeat listeners ran) once every transaction queued

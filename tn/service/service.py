@@ -573,6 +573,7 @@ class TnService:
         except TnError as e:
             self._fail(req, offset, None, e)
             return
+        riding: Riding | None = None
         try:
             apply_ops(self.engine, txn, req, self.store)
             if self.exactly_once:
@@ -580,6 +581,8 @@ class TnService:
             riding = self._ride(txn, [(req, offset)])
             fut = txn.commit()
         except Exception as e:  # noqa: BLE001 - validation, engine or unexpected: abort it
+            if riding is not None:
+                self.engine.pipeline.detach_companions(txn)
             _rollback(txn)
             self._fail(req, offset, None, e)
             return
@@ -616,6 +619,7 @@ class TnService:
             for m in members:
                 self._fail(m.req, m.offset, None, e)
             return
+        riding: Riding | None = None
         try:
             batches: dict[tuple[str, str, pa.Schema], list[pa.Table]] = {}
             for m in members:
@@ -628,6 +632,8 @@ class TnService:
             riding = self._ride(txn, [(m.req, m.offset) for m in members])
             fut = txn.commit()
         except Exception as e:  # noqa: BLE001 - one member's problem: run each alone
+            if riding is not None:
+                self.engine.pipeline.detach_companions(txn)
             _rollback(txn)
             if isinstance(e, EngineClosedError | LogFailedError):
                 for m in members:
