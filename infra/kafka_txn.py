@@ -29,20 +29,11 @@ How it runs, numbered as the bus thread does it:
    handed to their channel, which runs them at its next `poll`/`flush`: a
    component never learns "delivered" for a record that is not committed;
 5. an abortable error aborts the transaction: its records get the error (they
-   were not committed) and the bus goes on -- unless the batch held a record marked
-   `fatal_on_abort` (a WAL record): then the bus fails as below, so that no later
-   transaction commits a WAL record (or the results riding with it) past the hole the
-   aborted one left. A fatal error (fenced by a newer instance, or any other) fails
-   the bus: the `on_failed` hooks run once, the batch in flight gets the error (its
-   outcome is unknown when the commit itself failed) and every queued and later
-   record gets it too (never sent: not committed).
-
-Companions (`TxnChannel.produce_all`): records queued in one step go into the same
-transaction. The WAL writer queues its record with the results of the commits it
-holds (`TxnRecord`), so a result is visible exactly when its commit is durable, one
-transaction instead of two (docs/perf-commit.md); a record's `before_commit` runs on the
-bus thread right before its transaction's commit is sent (readers may see it from then
-on), so before any delivery report.
+   were not committed) and the bus goes on; a fatal one (fenced by a newer
+   instance, or any other) fails the bus: the `on_failed` hooks run once, the
+   batch in flight gets the error (its outcome is unknown when the commit
+   itself failed) and every queued and later record gets it too (never sent:
+   not committed).
 
 One transaction is open at a time and none is long-lived (DESIGN.md): a frozen
 TN's open transaction is aborted by the next instance's `init_transactions`,
@@ -100,23 +91,6 @@ class Unsent:
         return self._value
 
 
-@dataclass(frozen=True, slots=True)
-class TxnRecord:
-    """One record for `TxnChannel.produce_all`. `before_commit`: run on the bus thread right
-    before the record's transaction's commit is sent (the record may be read from then on;
-    the commit may still fail); `fatal_on_abort`:
-    an aborted transaction holding this record fails the bus (module docstring, 5)."""
-
-    topic: str
-    value: bytes | None
-    key: bytes | None = None
-    partition: int | None = None
-    headers: Any = None
-    on_delivery: DeliveryCallback | None = None
-    before_commit: Callable[[], None] | None = None
-    fatal_on_abort: bool = False
-
-
 @dataclass
 class _Record:
     channel: TxnChannel
@@ -127,8 +101,6 @@ class _Record:
     headers: Any
     on_delivery: DeliveryCallback | None
     report: tuple[KafkaError | None, Any] | None = field(default=None)
-    before_commit: Callable[[], None] | None = None
-    fatal_on_abort: bool = False
 
     def unsent(self) -> Unsent:
         return Unsent(self.topic, self.partition, self.key, self.value)
@@ -198,18 +170,16 @@ class TxnBus:
             self._kicked = True
             self._cond.notify_all()
 
-    def _enqueue(self, recs: list[_Record]) -> None:
-        """Queue records for the next transaction, all in one step: they are taken together."""
+    def _enqueue(self, rec: _Record) -> None:
         with self._cond:
             failed = self._failed if self._failed is not None else None
             if failed is None and self._closing:
                 failed = KafkaError(KafkaError._DESTROY, "the transactional producer is closed")
             if failed is None:
-                self._queue.extend(recs)
+                self._queue.append(rec)
                 self._cond.notify_all()
                 return
-        for rec in recs:
-            rec.channel._report(rec, failed, rec.unsent())
+        rec.channel._report(rec, failed, rec.unsent())
 
     def close(self, timeout_s: float) -> None:
         """Commit what is queued (bounded), then stop the thread."""
@@ -267,20 +237,13 @@ class TxnBus:
             errors = [r.report[0] for r in batch if r.report is not None and r.report[0]]
             if errors:
                 raise KafkaException(errors[0])
-            self._before_commit(batch)
             self._commit()
         except KafkaException as e:
             err: KafkaError = e.args[0] if e.args and isinstance(e.args[0], KafkaError) else (
                 KafkaError(KafkaError._FAIL, str(e), fatal=True)
             )
-            if err.txn_requires_abort() and not err.fatal() and not any(
-                r.fatal_on_abort for r in batch
-            ):
+            if err.txn_requires_abort() and not err.fatal():
                 self._abort(batch, err)
-            elif err.txn_requires_abort() and not err.fatal():
-                # a WAL record was in it: abort, then fail the bus (module docstring, 5)
-                self._abort(batch, err)
-                self._fail(err)
             else:
                 self._fail(err)
                 self._fail_records(batch, err)
@@ -290,16 +253,6 @@ class TxnBus:
         for rec in batch:
             assert rec.report is not None
             rec.channel._report(rec, None, rec.report[1])
-
-    def _before_commit(self, batch: list[_Record]) -> None:
-        """The records' `before_commit` hooks: from the moment the commit is sent, a
-        read_committed reader may see them (the markers can land before EndTxn returns)."""
-        for rec in batch:
-            if rec.before_commit is not None:
-                try:
-                    rec.before_commit()
-                except Exception:  # noqa: BLE001 - a hook's bug must not stop the commit
-                    log.exception("%s: a before_commit hook failed", self.transactional_id)
 
     def _produce(self, rec: _Record) -> None:
         def on_delivery(err: KafkaError | None, msg: Any, rec: _Record = rec) -> None:
@@ -399,28 +352,7 @@ class TxnChannel:
     ) -> None:
         with self._lock:
             self._outstanding += 1
-        self.bus._enqueue([_Record(self, topic, value, key, partition, headers, on_delivery)])
-
-    def produce_all(self, records: list[TxnRecord]) -> None:
-        """Queue `records` in one step: the bus puts them all in the same transaction."""
-        with self._lock:
-            self._outstanding += len(records)
-        self.bus._enqueue(
-            [
-                _Record(
-                    self,
-                    r.topic,
-                    r.value,
-                    r.key,
-                    r.partition,
-                    r.headers,
-                    r.on_delivery,
-                    before_commit=r.before_commit,
-                    fatal_on_abort=r.fatal_on_abort,
-                )
-                for r in records
-            ]
-        )
+        self.bus._enqueue(_Record(self, topic, value, key, partition, headers, on_delivery))
 
     def _report(self, rec: _Record, err: KafkaError | None, msg: Any) -> None:
         self._ready.put((rec, err, msg))
@@ -462,9 +394,3 @@ class TxnChannel:
     def __len__(self) -> int:
         with self._lock:
             return self._outstanding
-
-    def __bool__(self) -> bool:
-        """A channel is always truthy: `__len__` counts the records not yet reported, and a
-        caller's `producer or Producer(...)` must never take an idle channel for no producer
-        (that sent the TN's results and logtail around the bus, unfenced)."""
-        return True

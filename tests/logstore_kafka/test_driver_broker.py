@@ -11,11 +11,8 @@ from typing import Any
 import pytest
 
 from infra.config import KwalConfig
-from infra.kafka_txn import TxnRecord
-from infra.topics import TopicSpec, ensure_topics
 from tests.delivery import NoOffset
 from tests.logstore_kafka.conftest import RawWal
-from tests.waiting import wait_until
 from tn.logstore.driver import LogStore
 from tn.logstore.kafka_backend import (
     AppendFailedError,
@@ -241,41 +238,6 @@ def test_physical_truncation_where_broker_deletes_records(wal_config: KwalConfig
         assert d2.replay_result.head_skipped == 0  # physically gone
     finally:
         d2.close()
-
-
-def test_companions_ride_in_the_transaction_of_their_entrys_record(wal_config: KwalConfig) -> None:
-    """A commit's results ride its WAL record (`tn.service.riding`): a companion appended with
-    an entry is produced with the record that holds it, in ONE Kafka transaction; its
-    before_commit hook runs as that transaction's commit is sent, before its delivery
-    report (with an offset) and the entry's acknowledgement. The bus's channels are truthy even when idle (an idle
-    one, taken for "no producer", once sent the TN's results around the bus, unfenced)."""
-    ensure_topics(wal_config, [TopicSpec(wal_config.topics.results, 1, {})])
-    d = KafkaDriver(wal_config, delete_records=False)
-    try:
-        assert d.bus is not None and d.companions
-        assert d.bus.channel()
-        store = LogStore(d)
-        store.append(b"warm").result(10)
-        seen: list[tuple[str, Any]] = []
-        companion = TxnRecord(
-            wal_config.topics.results,
-            b"a result",
-            b"client",
-            on_delivery=lambda err, msg: seen.append(("delivered", (err, msg.offset()))),
-            before_commit=lambda: seen.append(("committed", None)),
-        )
-        txns, records = d.bus.transactions, d.bus.records
-        fut = store.append(b"entry", [companion])
-        fut.add_done_callback(lambda f: seen.append(("acknowledged", f.result())))
-        wait_until("the entry and its companion", lambda: len(seen) == 3, timeout_s=30)
-        assert seen[0] == ("committed", None)
-        outcomes = dict(seen[1:])  # the report and the acknowledgement come in either order
-        err, offset = outcomes["delivered"]
-        assert err is None and offset is not None
-        assert outcomes["acknowledged"] == 2
-        assert (d.bus.transactions, d.bus.records) == (txns + 1, records + 2)
-    finally:
-        d.close()
 
 
 @pytest.mark.tansu

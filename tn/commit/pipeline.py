@@ -38,7 +38,6 @@ from typing import Any
 
 import numpy as np
 
-from infra.kafka_txn import TxnRecord
 from schemas.arrow_ipc import table_to_ipc
 from schemas.codec import encode_entry
 from schemas.wal import (
@@ -144,15 +143,12 @@ class CommitPipeline:
         self._committer: threading.Thread | None = None  # started when first needed
         self._work = threading.Event()
         self._stop = False
-        # txn -> build(commit_ts): its companion records (`attach_companions`)
-        self._companions: dict[Transaction, Callable[[int], list[TxnRecord]]] = {}
 
     # -- steps 1-3 -----------------------------------------------------------------------
     def submit(self, txn: Transaction) -> Future[int]:
         """Step 1: enter the queue (blocks while `queue_size` commits are in flight)."""
         fut: Future[int] = Future()
         if not txn.has_writes:
-            self._companions.pop(txn, None)
             txn.mark("committed")
             fut.set_result(txn.start_ts)
             return fut
@@ -164,20 +160,6 @@ class CommitPipeline:
         self._queue.append((txn, fut))
         self._lead()
         return fut
-
-    def attach_companions(
-        self, txn: Transaction, build: Callable[[int], list[TxnRecord]]
-    ) -> None:
-        """Before `txn` commits: in step 3, once its CommitTS is drawn and its entry built,
-        `build(commit_ts)` (under the pipeline lock: keep it quick) gives records that the
-        log writes in the Kafka transaction holding the entry (`LogStore.append`): the
-        service's results, visible exactly when the commit is durable. Only where
-        `log.companions` is true; nothing is built for a transaction that is not logged."""
-        self._companions[txn] = build
-
-    def detach_companions(self, txn: Transaction) -> None:
-        """Forget `attach_companions` for a transaction that will not be submitted."""
-        self._companions.pop(txn, None)
 
     def heartbeat(self) -> Future[int]:
         """An empty transaction: a timestamp drawn in queue order, nothing logged. Its
@@ -193,7 +175,6 @@ class CommitPipeline:
         return fut
 
     def _abort(self, txn: Transaction, fut: Future[int], err: TnError) -> None:
-        self._companions.pop(txn, None)
         txn.mark("aborted")
         txn.discard()
         fut.set_exception(err)
@@ -298,7 +279,6 @@ class CommitPipeline:
                 self._inflight.append(rec)
             logged.append((rec, done))
             return None
-        build = self._companions.pop(txn, None)
         err = self._check(txn)
         if err is not None:
             return err
@@ -311,16 +291,8 @@ class CommitPipeline:
                 batches.append(ipc)
         rec = _InFlight(txn, self._clock.now(), fut)
         self._stamp(rec, batches)
-        companions = None
-        if build is not None:
-            try:
-                companions = build(rec.cts)
-            except Exception:  # the service's bug: its results then go the usual way
-                log.exception("building a commit's companion records failed")
         try:
-            lf = self._log.append(rec.encode, companions) if companions else self._log.append(
-                rec.encode
-            )
+            lf = self._log.append(rec.encode)
         except Exception as e:
             if rec.entry is None:  # the entry could not be encoded: no LSN was used
                 log.exception("cannot encode the WAL entry of a transaction")

@@ -31,10 +31,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from infra.kafka_txn import TxnRecord
+from typing import Any
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,18 +109,6 @@ class LogDriver(ABC):
         recovered onto another log. Empty: the backend cannot tell (memory)."""
         return ""
 
-    @property
-    def companions(self) -> bool:
-        """Can `append_with` write records in the same Kafka transaction as the entry's own
-        record (a WAL fenced at the broker, `infra.kafka_txn`)? Other backends: no."""
-        return False
-
-    def append_with(self, lsn: int, payload: bytes, companions: list[TxnRecord]) -> Future[int]:
-        """`append`, and produce `companions` in the transaction that holds the entry's
-        record (never in an earlier one): they are visible exactly when the entry is
-        durable. Only where `companions` is true."""
-        raise NotImplementedError(f"{type(self).__name__} writes no companion records")
-
 
 class LogStore:
     """Assigns contiguous logical LSNs on top of a driver.
@@ -147,24 +132,13 @@ class LogStore:
         with self._lock:
             return self._next
 
-    @property
-    def companions(self) -> bool:
-        """Whether `append` takes companion records (`LogDriver.companions`)."""
-        return self._driver.companions
-
-    def append(
-        self, encode: bytes | Callable[[int], bytes], companions: list[TxnRecord] | None = None
-    ) -> Future[int]:
+    def append(self, encode: bytes | Callable[[int], bytes]) -> Future[int]:
         """Append one entry. `encode` is the payload, or a callable that builds the
-        payload from the LSN it is given (the WAL entry embeds its own LSN). `companions`:
-        records for the entry's Kafka transaction (`LogDriver.append_with`)."""
+        payload from the LSN it is given (the WAL entry embeds its own LSN)."""
         with self._lock:
             lsn = self._next
             payload = encode(lsn) if callable(encode) else encode
-            if companions:
-                future = self._driver.append_with(lsn, payload, companions)
-            else:
-                future = self._driver.append(lsn, payload)
+            future = self._driver.append(lsn, payload)
             self._next = lsn + 1
             self._in_flight += 1
             self._peak = max(self._peak, self._in_flight)

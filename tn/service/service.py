@@ -10,9 +10,7 @@ Threads
   callbacks only enqueue the result;
 - the *publisher* produces results (on the WAL's transactional bus where the TN
   fences at the broker, docs/fencing.md; else one idempotent producer) and
-  handles delivery reports. On the bus, a commit's results do not go through it:
-  they ride the commit's WAL record, in its Kafka transaction (`tn.service.riding`);
-  the publisher keeps every other answer (aborts, repeats, undecodable requests).
+  handles delivery reports.
 
 Exactly-once
 ------------
@@ -100,7 +98,6 @@ from tn.service.apply import RequestInvalid, apply_ops, result_for_error
 from tn.service.grouping import Group, Member, member_of
 from tn.service.result_batches import Item, OutRecord, pack
 from tn.service.results_scan import read_results
-from tn.service.riding import Riding
 from tn.service.system_tables import (
     commit_progress,
     committed_requests,
@@ -208,20 +205,8 @@ class TnService:
         # A channel of the WAL's transactional bus where the TN fences at the broker
         # (docs/fencing.md): a result is visible (read_committed) only once committed in a
         # transaction of this TN's epoch; a replaced TN's results are aborted.
-        # (`is not None`: an idempotent channel's len() is 0, and an `or` took it for no
-        # producer: the results then went around the bus, unfenced)
-        self._producer: Producer | TxnChannel = (
-            producer if producer is not None else Producer(tn_producer_conf(cfg))
-        )
+        self._producer: Producer | TxnChannel = producer or Producer(tn_producer_conf(cfg))
         self._consumer: Consumer | None = None
-        # results ride their commit's WAL record (`tn.service.riding`) where the log writes
-        # companion records: on the bus, and not in secure mode (the gateway's topics)
-        self._riding = (
-            isinstance(self._producer, TxnChannel)
-            and not self.secure
-            and bool(getattr(getattr(engine, "log", None), "companions", False))
-        )
-        self._released_ts = 0  # riding results up to this commit ts may have been read
 
     # ---- lifecycle ------------------------------------------------------------------------
 
@@ -346,8 +331,6 @@ class TnService:
                 log.exception("consume failed")
                 time.sleep(0.2)
                 continue
-            if msgs and self._riding:
-                self._await_released()
             group = Group()
             for msg in msgs:
                 err = msg.error()
@@ -383,56 +366,6 @@ class TnService:
         while self._unresolved() and self.log_failure is None and time.monotonic() < deadline:
             self._drain_retries()
             time.sleep(0.01)
-
-    def _await_released(self) -> None:
-        """`tn.service.riding` step 3: a result a client may have read is visible here
-        before any transaction begins for what was polled after it (a client's next
-        request sees its previous commit). Waits for the commit being sent and the engine's
-        applying of it, never for a transaction still producing."""
-        ts = self._released_ts
-        pipeline = self.engine.pipeline
-        while (
-            pipeline.visible_ts < ts
-            and not self._stop.is_set()
-            and self.log_failure is None
-            and not pipeline.wait_visible(ts, 0.5)
-        ):
-            pass
-
-    def _released(self, commit_ts: int) -> None:
-        """Riding results up to `commit_ts` may be read from now on (the bus thread, as it
-        sends their transaction's commit: `tn.service.riding` step 3)."""
-        if commit_ts > self._released_ts:
-            self._released_ts = commit_ts
-
-    def _ride(self, txn: Any, requests: list[tuple[TxnRequest, int]]) -> Riding | None:
-        """Step 1 of `tn.service.riding` for an engine transaction about to commit."""
-        if not self._riding:
-            return None
-        riding = Riding(
-            requests,
-            self.cfg.topics.results,
-            self._batch_ok.__contains__,
-            self._released,
-            self._rode,
-        )
-        self.engine.pipeline.attach_companions(txn, riding.build)
-        return riding
-
-    def _rode(self, delivered: list[tuple[OutRecord, int]], undelivered: list[Item]) -> None:
-        """Step 4: the bookkeeping the publisher's delivery report does, for results that
-        rode their WAL record; a record without an offset goes through the publisher."""
-        for rec, result_offset in delivered:
-            for res, _, offset in rec.items:
-                self._remember(res)
-                self._delivered(res, offset, result_offset)
-        if undelivered:
-            log.warning(
-                "%d results riding a WAL record were acknowledged without an offset; "
-                "publishing them again",
-                len(undelivered),
-            )
-            self._out.put(undelivered)
 
     def _fail(
         self, req: TxnRequest | None, offset: int, key: bytes | None, e: BaseException
@@ -573,24 +506,18 @@ class TnService:
         except TnError as e:
             self._fail(req, offset, None, e)
             return
-        riding: Riding | None = None
         try:
             apply_ops(self.engine, txn, req, self.store)
             if self.exactly_once:
                 record_requests(txn, [(rid, offset)])
-            riding = self._ride(txn, [(req, offset)])
             fut = txn.commit()
         except Exception as e:  # noqa: BLE001 - validation, engine or unexpected: abort it
-            if riding is not None:
-                self.engine.pipeline.detach_companions(txn)
             _rollback(txn)
             self._fail(req, offset, None, e)
             return
-        fut.add_done_callback(lambda f: self._committed(f, req, offset, riding))
+        fut.add_done_callback(lambda f: self._committed(f, req, offset))
 
-    def _committed(
-        self, fut: Future[int], req: TxnRequest, offset: int, riding: Riding | None = None
-    ) -> None:
+    def _committed(self, fut: Future[int], req: TxnRequest, offset: int) -> None:
         exc = fut.exception()
         if exc is not None:
             self._fail(req, offset, None, exc)
@@ -599,9 +526,6 @@ class TnService:
         with self._lock:
             self._committed_ids.append((offset, rid))
         res = TxnResult.ok(rid, int(fut.result()), client_id=req.client_id, request_offset=offset)
-        if riding is not None and riding.committed():
-            self._count([(res, None, offset)])
-            return
         self._publish(res, rid.encode(), offset)
 
     # ---- grouping -------------------------------------------------------------------------
@@ -619,7 +543,6 @@ class TnService:
             for m in members:
                 self._fail(m.req, m.offset, None, e)
             return
-        riding: Riding | None = None
         try:
             batches: dict[tuple[str, str, pa.Schema], list[pa.Table]] = {}
             for m in members:
@@ -629,11 +552,8 @@ class TnService:
                 txn.insert(db, table, pa.concat_tables(tables))
             if self.exactly_once:
                 record_requests(txn, [(m.req.request_id, m.offset) for m in members])
-            riding = self._ride(txn, [(m.req, m.offset) for m in members])
             fut = txn.commit()
         except Exception as e:  # noqa: BLE001 - one member's problem: run each alone
-            if riding is not None:
-                self.engine.pipeline.detach_companions(txn)
             _rollback(txn)
             if isinstance(e, EngineClosedError | LogFailedError):
                 for m in members:
@@ -642,19 +562,14 @@ class TnService:
             for m in members:
                 self._execute(m.req, m.offset)
             return
-        fut.add_done_callback(lambda f: self._group_committed(f, members, riding))
+        fut.add_done_callback(lambda f: self._group_committed(f, members))
 
-    def _group_committed(
-        self, fut: Future[int], members: list[Member], riding: Riding | None = None
-    ) -> None:
+    def _group_committed(self, fut: Future[int], members: list[Member]) -> None:
         exc = fut.exception()
         if exc is None:
             ts = int(fut.result())
             with self._lock:
                 self._committed_ids.extend((m.offset, m.req.request_id) for m in members)
-            if riding is not None and riding.committed():
-                self._count_commits(len(members), [m.offset for m in members])
-                return
             self._publish_all(
                 [
                     (
@@ -701,24 +616,19 @@ class TnService:
                     else (r, k, o)
                     for r, k, o in items
                 ]
-        self._count(items)
-        self._out.put(items)
-
-    def _count(self, items: list[Item]) -> None:
-        """Metrics for answers given: commits, aborts by reason, latency since consumed."""
-        aborted = [res for res, _, _ in items if not res.committed]
-        for res in aborted:
-            METRICS.aborts.labels(res.reason or "unknown").inc()
-        self._count_commits(len(items) - len(aborted), [offset for _, _, offset in items])
-
-    def _count_commits(self, committed: int, offsets: list[int]) -> None:
         now = time.monotonic()
-        for offset in offsets:
+        committed = 0
+        for res, _, offset in items:
+            if res.committed:
+                committed += 1
+            else:
+                METRICS.aborts.labels(res.reason or "unknown").inc()
             received = self._received.get(offset)
             if received is not None:
                 METRICS.commit_latency.observe(now - received)
         if committed:
             METRICS.commits.inc(committed)
+        self._out.put(items)
 
     # ---- the publisher --------------------------------------------------------------------
 

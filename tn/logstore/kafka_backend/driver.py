@@ -83,7 +83,7 @@ from infra.capabilities import deletes_records, fences_at_broker
 from infra.collector import collector_paused
 from infra.config import KwalConfig
 from infra.kafka_io import RecordDeleter
-from infra.kafka_txn import TxnBus, TxnChannel, TxnRecord, is_fenced
+from infra.kafka_txn import TxnBus, TxnChannel, is_fenced
 from infra.topics import ensure_topics, wal_topics
 from schemas.wal_record import RECORD_LATEST, check_version, group_of, payload_at
 from tn.logstore.driver import LogClosedError, LogDriver, LogRecord, RecordRun
@@ -408,17 +408,6 @@ class KafkaDriver(LogDriver):
 
     def append(self, lsn: int, payload: bytes) -> Future[int]:
         return self._writer.append(lsn, payload)
-
-    @property
-    def companions(self) -> bool:
-        """On the transactional bus: the writer produces an entry's companions with the
-        record that holds it, in one step (`TxnChannel.produce_all`)."""
-        return self.bus is not None
-
-    def append_with(self, lsn: int, payload: bytes, companions: list[TxnRecord]) -> Future[int]:
-        if self.bus is None:
-            raise NotImplementedError("companion records need the transactional bus")
-        return self._writer.append(lsn, payload, companions)
 
     def last_lsn(self) -> int:
         return self._writer.next_lsn - 1

@@ -11,12 +11,6 @@
    flight: one appender gets one-entry records at once, many appenders get
    groups that fill while earlier records are in flight (adaptive group commit).
 
-On the transactional bus an entry may come with companion records (`append`'s
-`companions`: the commit's results, `tn.service.riding`); they are produced in the
-same step as the record that holds the entry (`TxnChannel.produce_all`), so in its
-Kafka transaction, and never again (a record issued again leaves them out: they went
-with the first copy, whose transaction committed).
-
 Issuing a record: round-robin partition; headers carry epoch, first LSN, count,
 the window's contiguous acknowledged LSN at that moment and the record format
 version. A group of WAL entries (`schemas.codec.EncodedEntry` payloads) is
@@ -54,7 +48,7 @@ from dataclasses import dataclass
 
 from confluent_kafka import KafkaError, Message, Producer
 
-from infra.kafka_txn import TxnChannel, TxnRecord
+from infra.kafka_txn import TxnChannel
 from schemas.wal_record import FRAME_OVERHEAD, RECORD_LATEST
 from tn.logstore.ack_future import AckFuture, set_results
 from tn.logstore.driver import LogClosedError
@@ -71,8 +65,7 @@ log = logging.getLogger(__name__)
 
 GROWTH = 4  # a busy writer's next record waits for GROWTH ** in_flight entries
 
-# first LSN, payloads, partition, acked, companion records (`append`'s, produced with it)
-_Issue = tuple[int, list[bytes], int, int, list[TxnRecord]]
+_Issue = tuple[int, list[bytes], int, int]  # first LSN, payloads, partition, acked
 # futures to complete, in LSN order, and the error to fail them with (None: their LSN)
 _Batch = tuple[list[tuple[int, Future[int]]], BaseException | None]
 
@@ -117,7 +110,6 @@ class GroupWriter:
         self._window = Window(settings.window, acked)
         self._next = acked + 1
         self._group: list[bytes] = []
-        self._companions: list[TxnRecord] = []  # the open group's entries' companions
         self._group_first = acked + 1
         self._group_bytes = 0
         self._in_flight = 0
@@ -157,11 +149,7 @@ class GroupWriter:
 
     # -- append --------------------------------------------------------------
 
-    def append(
-        self, lsn: int, payload: bytes, companions: list[TxnRecord] | None = None
-    ) -> Future[int]:
-        """`companions` (on the transactional bus only): records produced in the same step as
-        the record that will hold this entry, so in its Kafka transaction."""
+    def append(self, lsn: int, payload: bytes) -> Future[int]:
         future: Future[int] = AckFuture()
         with self._lock:  # the condition's own lock: `with self._cond` adds two Python calls
             # 1. refuse on failure / close
@@ -183,8 +171,6 @@ class GroupWriter:
                     return future
             # 3. join the open group
             self._group.append(payload)
-            if companions:
-                self._companions.extend(companions)
             self._group_bytes += len(payload) + FRAME_OVERHEAD
             self._window.admit(lsn, future, time.monotonic())
             self._next = lsn + 1
@@ -234,20 +220,19 @@ class GroupWriter:
         """Close the open group as the next record (under the lock); `_produce` sends it."""
         if not self._group or self._failed is not None:
             return None
-        first, payloads, companions = self._group_first, self._group, self._companions
+        first, payloads = self._group_first, self._group
         self._group = []
-        self._companions = []
         self._group_bytes = 0
         self._group_first = first + len(payloads)
         partition = self._partitions[self._rr % len(self._partitions)]
         self._rr += 1
         self._in_flight += 1
-        return first, payloads, partition, self._window.acked, companions
+        return first, payloads, partition, self._window.acked
 
     def _produce(self, issue: _Issue) -> None:
         """Encode and produce a record, outside the lock (records may be produced in any
         order: the window orders acknowledgements)."""
-        first, payloads, partition, acked, companions = issue
+        first, payloads, partition, acked = issue
         count = len(payloads)
         try:
             value, version = encode_value(payloads, self._s.record_version, first)
@@ -257,27 +242,13 @@ class GroupWriter:
             def on_delivery(err: KafkaError | None, msg: Message) -> None:
                 self._delivered(err, msg, issue, size)
 
-            if companions:
-                # one step: the bus takes the record and its companions together, so the
-                # results of these entries are committed in the record's transaction
-                assert isinstance(self._producer, TxnChannel)
-                own = TxnRecord(
-                    self._topic,
-                    value,
-                    partition=partition,
-                    headers=headers,
-                    on_delivery=on_delivery,
-                    fatal_on_abort=True,
-                )
-                self._producer.produce_all([own, *companions])
-            else:
-                self._producer.produce(
-                    self._topic,
-                    value=value,
-                    partition=partition,
-                    headers=headers,
-                    on_delivery=on_delivery,
-                )
+            self._producer.produce(
+                self._topic,
+                value=value,
+                partition=partition,
+                headers=headers,
+                on_delivery=on_delivery,
+            )
         except Exception as e:  # any encode or produce failure (BufferError, KafkaException, ...) fails the writer
             with self._cond:
                 self._in_flight -= 1
@@ -288,7 +259,7 @@ class GroupWriter:
     # -- delivery and completion ---------------------------------------------
 
     def _delivered(self, err: KafkaError | None, msg: Message, issue: _Issue, size: int) -> None:
-        first, payloads, partition, _, _ = issue
+        first, payloads, partition, _ = issue
         last = first + len(payloads) - 1
         off = -1 if err is not None else msg.offset()
         if off is None:  # no proof of durability (module docstring)
@@ -318,14 +289,13 @@ class GroupWriter:
     def _reissue(self, issue: _Issue) -> None:
         """Issue a record's entries again, on its partition, with the acked LSN of now (the
         record that replaces it stays in flight: `_in_flight` is unchanged)."""
-        first, payloads, partition, _, _ = issue
+        first, payloads, partition, _ = issue
         with self._cond:
             if self._failed is not None:
                 self._in_flight -= 1
                 return
             self.reissued += 1
-            # the companions went with the first copy, in its (committed) transaction
-            again: _Issue = (first, payloads, partition, self._window.acked, [])
+            again = (first, payloads, partition, self._window.acked)
         log.warning(
             "WAL record LSN %d..%d: the broker acknowledged it without an offset (a duplicate "
             "sequence answer), which does not prove it was written; issuing it again",
@@ -357,7 +327,6 @@ class GroupWriter:
         if self._failed is None:
             self._failed = exc
         self._group = []
-        self._companions = []
         self._group_bytes = 0
         failed = self._window.fail_all()
         if failed:
