@@ -241,13 +241,41 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     ))
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Tests that use the SparkSession come first. They are the suite's longest (a
-    micro-batch costs seconds), so under pytest-xdist they start at once and the quick
-    tests fill the other workers beside them rather than leave one worker running Spark
-    alone at the end. Each xdist worker has its own session (and broker): on one worker
-    they would bound the suite (about 500 s of Spark tests in a run whose three workers
-    finished everything in 400 s)."""
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests that use the SparkSession come first on every worker. They are the suite's
+    longest (a micro-batch costs seconds) and each xdist worker has its own session: on
+    one worker they would bound the suite (about 500 s of Spark tests in a run whose
+    three workers finished everything in 400 s).
+
+    scripts/test runs xdist's `worksteal` scheduler: it hands worker k the k-th
+    contiguous share of this list (sizes `_shares`), and a worker that runs out takes
+    the second half of the longest queue left. So each share starts with its part of the
+    Spark tests (dealt round-robin) and goes on with its part of the rest: every worker
+    starts on Spark tests, and what is stolen at the end is the quick ones. (Under the
+    default `load` scheduler one worker was left with 360 s of long tests after the
+    others had finished.)"""
     spark = [item for item in items if "spark" in getattr(item, "fixturenames", ())]
     chosen = set(map(id, spark))
-    items[:] = spark + [item for item in items if id(item) not in chosen]
+    rest = [item for item in items if id(item) not in chosen]
+    workers = int(getattr(config, "workerinput", {}).get("workercount", 1))
+    if workers <= 1:
+        items[:] = spark + rest
+        return
+    out: list[pytest.Item] = []
+    start = 0
+    for k, size in enumerate(_shares(len(items), workers)):
+        mine = spark[k::workers]
+        take = max(0, size - len(mine))
+        out += mine + rest[start : start + take]
+        start += take
+    items[:] = out + rest[start:]
+
+
+def _shares(n: int, workers: int) -> list[int]:
+    """The sizes of worksteal's first hand-out of n tests to `workers` idle workers."""
+    sizes = []
+    for i in range(workers):
+        size = n // (workers - i)
+        sizes.append(size)
+        n -= size
+    return sizes
