@@ -252,8 +252,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     the second half of the longest queue left. So each share starts with its part of the
     Spark tests (dealt round-robin) and goes on with its part of the rest: every worker
     starts on Spark tests, and what is stolen at the end is the quick ones. (Under the
-    default `load` scheduler one worker was left with 360 s of long tests after the
-    others had finished.)"""
+    default `load` scheduler, in a run on a loaded machine, one worker was left with
+    360 s of long tests after the others had finished.)"""
     spark = [item for item in items if "spark" in getattr(item, "fixturenames", ())]
     chosen = set(map(id, spark))
     rest = [item for item in items if id(item) not in chosen]
