@@ -394,3 +394,9 @@ class TxnChannel:
     def __len__(self) -> int:
         with self._lock:
             return self._outstanding
+
+    def __bool__(self) -> bool:
+        """A channel is always truthy: `__len__` counts the records not yet reported, and
+        a caller's `producer or Producer(...)` must never take an idle channel for no
+        producer (that sent the TN's results and logtail around the bus, unfenced)."""
+        return True

@@ -81,7 +81,7 @@ class LogtailPublisher:
         self._queue: queue.Queue[Any] = queue.Queue()
         # A channel of the WAL's transactional bus where the TN fences at the broker
         # (docs/fencing.md): a replaced TN's logtail is then aborted, never applied by a CN.
-        self._producer: Producer | TxnChannel = producer or Producer(
+        self._producer: Producer | TxnChannel = producer if producer is not None else Producer(
             cfg.kafka_client(
                 **{
                     "enable.idempotence": True,
@@ -132,9 +132,15 @@ class LogtailPublisher:
 
     def publish_records(self, records: list[LogtailRecord]) -> None:
         """Queue ready-made table records (tn.checkpoint: BlockMeta after a flush, then
-        Checkpoint(manifest) once the manifest is written), in order with commits."""
+        Checkpoint(manifest) once the manifest is written), in order with commits. The
+        TN's own tables have no topic (`tn.logtail.collector`): their records are left out. (On the
+        fenced bus a record to a topic that does not exist is never acknowledged, and the
+        whole Kafka transaction holding it, the WAL's records with it, times out.)"""
+        ours = [r for r in records if r.database != SYSTEM_DB]
+        if not ours:
+            return
         self._idle.clear()
-        self._queue.put(list(records))
+        self._queue.put(ours)
 
     def publish_block_meta(self, records: list[LogtailRecord]) -> None:
         self.publish_records(records)

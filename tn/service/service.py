@@ -205,7 +205,7 @@ class TnService:
         # A channel of the WAL's transactional bus where the TN fences at the broker
         # (docs/fencing.md): a result is visible (read_committed) only once committed in a
         # transaction of this TN's epoch; a replaced TN's results are aborted.
-        self._producer: Producer | TxnChannel = producer or Producer(tn_producer_conf(cfg))
+        self._producer: Producer | TxnChannel = producer if producer is not None else Producer(tn_producer_conf(cfg))
         self._consumer: Consumer | None = None
 
     # ---- lifecycle ------------------------------------------------------------------------
