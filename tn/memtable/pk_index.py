@@ -173,51 +173,29 @@ class PkIndex:
 
     def get_many(self, keys: Sequence[Any]) -> list[Entry | None]:
         """Each key's entry (None: not in the index), in the order of `keys`."""
-        lo, hi = self._rlo, self._rhi
-        recent = self._recent
         runs = self._runs
         q = self._ints_of(keys) if runs and len(keys) > SMALL else None
         if q is None:
-            return [self.get(k) for k in keys] if runs else [recent.get(k) for k in keys]
+            return [self.get(k) for k in keys] if runs else [self._recent.get(k) for k in keys]
+        hit, blk, row, ts, live = self.find_many(q)
         out: list[Entry | None] = [None] * len(keys)
-        at = np.arange(len(keys))
-        near = np.flatnonzero((q >= lo) & (q <= hi)).tolist() if recent else []
-        if near:  # recent's entries shadow the runs'
-            found = []
-            for i in near:
-                e = recent.get(keys[i])
-                if e is not None:
-                    out[i] = e
-                    found.append(i)
-            if found:
-                ask = np.ones(len(keys), dtype=bool)
-                ask[found] = False
-                q, at = q[ask], at[ask]
-        for run in runs:
-            if not len(q):
-                break
-            hit, pos = run.find(q)
-            if hit.any():
-                p = pos[hit]
-                for i, b, r, t, lv in zip(
-                    at[hit].tolist(),
-                    run.blk[p].tolist(),
-                    run.row[p].tolist(),
-                    run.ts[p].tolist(),
-                    run.live[p].tolist(),
-                    strict=True,
-                ):
-                    out[i] = (b, r, t, lv)
-                miss = ~hit
-                q, at = q[miss], at[miss]
+        for i, b, r, t, lv in zip(
+            np.flatnonzero(hit).tolist(),
+            blk[hit].tolist(),
+            row[hit].tolist(),
+            ts[hit].tolist(),
+            live[hit].tolist(),
+            strict=True,
+        ):
+            out[i] = (b, r, t, lv)
         return out
 
     def find_many(
         self, q: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """`get_many` of an int64 key array, as arrays: (hit, block id, row, ts, live),
-        each of len(q); the entries are valid where hit. No Python object per key but
-        for the keys `recent` may hold."""
+        """Each key's newest entry, for an int64 key array, as arrays: (hit, block id,
+        row, ts, live), each of len(q); the entries are valid where hit. No Python object
+        per key but for the keys `recent` may hold (`get_many` builds on it)."""
         n = len(q)
         lo, hi = self._rlo, self._rhi
         recent = self._recent
@@ -253,10 +231,9 @@ class PkIndex:
         for run in runs:
             if not len(q):
                 break
-            if run.lo > qhi or run.hi < qlo or not len(run):
+            if run.lo > qhi or run.hi < qlo:
                 continue
-            pos = np.minimum(np.searchsorted(run.keys, q), len(run) - 1)
-            h = run.keys[pos] == q
+            h, pos = run.find(q)
             if h.any():
                 p, a = pos[h], at[h]
                 hit[a] = True
