@@ -133,9 +133,10 @@ class LogtailPublisher:
     def publish_records(self, records: list[LogtailRecord]) -> None:
         """Queue ready-made table records (tn.checkpoint: BlockMeta after a flush, then
         Checkpoint(manifest) once the manifest is written), in order with commits. The
-        TN's own tables have no topic (`tn.logtail.collector`): their records are left out. (On the
-        fenced bus a record to a topic that does not exist is never acknowledged, and the
-        whole Kafka transaction holding it, the WAL's records with it, times out.)"""
+        TN's own tables have no topic (`tn.logtail.collector`): their records are left
+        out. (On the fenced bus a record to a topic that does not exist is never
+        acknowledged, and the whole Kafka transaction holding it, the WAL's records with
+        it, times out.)"""
         ours = [r for r in records if r.database != SYSTEM_DB]
         if not ours:
             return
