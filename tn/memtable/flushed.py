@@ -219,6 +219,20 @@ class FlushedDts:
             self._state = (loc, {r: d for r, d in recent.items() if d > upto})
             self._base_count = -1
 
+    def all_deleted_by(self, upto: int, cts: FlushedTs) -> bool:
+        """Whether every row of the block (the rows its object holds: `cts`) was deleted
+        at or before upto. The counts first (cached): the rows' ts are read only for a
+        block whose rows are all deleted."""
+        loc, recent = self._state
+        if not loc and not recent:
+            return False
+        if self._base_count < 0:
+            self._base_count = int((self.reader.delete_ts(loc, self.n) < MAX_TS).sum()) if loc else 0
+        rows = cts.present()
+        if not rows or self._base_count + len(recent) < rows:
+            return False
+        return bool(np.all(self.array()[cts.array() < ABORTED_TS] <= upto))
+
     def deleted(self, ts: int) -> int:
         """Rows deleted at or before ts, for ts at or after the delta object's ts."""
         loc, recent = self._state
@@ -310,13 +324,33 @@ class FlushedKeys:
             self.filters[j] = None
             self.free.append(j)
 
-    def forget_deleted(self, upto: int) -> None:
-        """Drop the filters of blocks replaced (compacted) at or before `upto`."""
+    def forget_deleted(self, upto: int) -> int:
+        """Drop the filters of blocks replaced (compacted) at or before `upto`, and of
+        blocks whose every row was deleted at or before it; returns how many went.
+
+        Why the second: a key looked up is asked of every block's filter, and each false
+        positive reads that block's key column (cached for `object_cache_blocks` blocks).
+        A table whose rows are deleted as they age (the requests table: the dedup window)
+        would keep a filter per block of its whole history, its lookups reading key
+        columns of blocks no live row is in once the blocks outnumber the cache (after
+        450k one-row commits: ~0.3 key column reads per key looked up, ~0.9 ms each;
+        docs/perf-commit.md). Such a block cannot answer any lookup: a deleted row is not
+        a duplicate, and a delete at or before `upto` (the oldest active StartTS or
+        before) conflicts with no transaction, active or later."""
         with self.lock:
             gone = [b for b in self.slots if b is not None and b.delete_ts <= upto]
             gone += [b for b in self.pending.values() if b.delete_ts <= upto]
+            alive = [b for b in self.slots if b is not None and b.delete_ts > upto]
+            alive += [b for b in self.pending.values() if b.delete_ts > upto]
+        for b in alive:
+            mem = b.mem
+            cts, dts = getattr(mem, "cts", None), getattr(mem, "dts", None)
+            if isinstance(cts, FlushedTs) and isinstance(dts, FlushedDts):
+                if dts.all_deleted_by(upto, cts):
+                    gone.append(b)
         for b in gone:
             self.forget(b)
+        return len(gone)
 
     def evict(self) -> None:
         """Drop every loaded filter (memory): each is loaded again at the next lookup."""
