@@ -76,6 +76,8 @@ def build_parser() -> argparse.ArgumentParser:
                          help="only raw Kafka and the saturated phases (profiling runs)")
     bcommit.add_argument("--only-1000row", action="store_true",
                          help="with --saturated-only: skip the saturated 1-row phase (profile the 1,000-row one)")
+    bcommit.add_argument("--big-inflight", type=int, default=16,
+                         help="1,000-row transactions in flight in all (over up to 4 clients)")
 
     blog = _command(bench, "logtail", "ops.bench.logtail:run", "commit-to-visible latency at a CN")
     blog.add_argument("--seconds", type=float, default=5.0, help="seconds per target rate")

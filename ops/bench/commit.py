@@ -113,6 +113,7 @@ def _bench_kwal(
     saturated_seconds: float = 0.0,
     chained: bool = True,
     one_row: bool = True,
+    big_inflight: int = 16,
 ) -> None:
     from infra.topics import ensure_topics
     from producers import Client
@@ -135,7 +136,15 @@ def _bench_kwal(
         if saturated_seconds > 0:
             assert tn.proc is not None
             bench_saturated(
-                cfg, tn.proc.pid, ids, f"{DB}.{TABLE}", seconds, saturated_seconds, out, one_row
+                cfg,
+                tn.proc.pid,
+                ids,
+                f"{DB}.{TABLE}",
+                seconds,
+                saturated_seconds,
+                out,
+                one_row,
+                big_inflight,
             )
         for n in CLIENTS if chained else ():
             workers = [Client(cfg, client_id=f"bench-{n}-{i}") for i in range(n)]
@@ -230,6 +239,7 @@ def run(args: Any, cfg: KwalConfig) -> int:
     saturated_seconds = float(getattr(args, "saturated_seconds", 60.0) or 0.0)
     saturated_only = bool(getattr(args, "saturated_only", False))
     one_row = not bool(getattr(args, "only_1000row", False))
+    big_inflight = int(getattr(args, "big_inflight", 16) or 16)
     workdir = Path(tempfile.mkdtemp(prefix="kwal-bench-commit-"))
     out: dict[str, Any] = {"bench": "commit", "seconds": seconds, "clients": list(CLIENTS)}
     with bench_kafka(cfg, "commit") as (cfg, where, _broker):
@@ -240,7 +250,9 @@ def run(args: Any, cfg: KwalConfig) -> int:
         cfg = dataclasses.replace(cfg, wal=wal)
         out["wal_backend"] = wal.backend
         bench_raw_kafka(cfg, seconds, out)
-        _bench_kwal(cfg, seconds, out, workdir, saturated_seconds, not saturated_only, one_row)
+        _bench_kwal(
+            cfg, seconds, out, workdir, saturated_seconds, not saturated_only, one_row, big_inflight
+        )
         if saturated_only:
             emit(out)
             return 0

@@ -111,9 +111,13 @@ def bench_saturated(
     saturated_seconds: float,
     out: dict[str, Any],
     one_row: bool = True,
+    big_inflight: int = BIG_CLIENTS * BIG_INFLIGHT,
 ) -> None:
     """Phases 1-3 against a running TN (pid `tn_pid`), inserting into `table`; without
-    `one_row` (``--only-1000row``) the 1,000-row phase alone (to profile it)."""
+    `one_row` (``--only-1000row``) the 1,000-row phase alone (to profile it).
+    `big_inflight` (``--big-inflight``): 1,000-row transactions in flight in all, over
+    up to `BIG_CLIENTS` clients (the TN's CPU per row depends on it: fewer in flight,
+    fewer requests share a group and a Kafka transaction)."""
     from producers import Client
 
     clients = [Client(cfg, client_id=f"bench-sat-{i}") for i in range(SAT_CLIENTS)]
@@ -151,8 +155,8 @@ def bench_saturated(
 
         import pyarrow as pa
 
-        out["big_clients"] = BIG_CLIENTS
-        out["big_inflight_per_client"] = BIG_INFLIGHT
+        out["big_clients"] = min(BIG_CLIENTS, big_inflight)
+        out["big_inflight"] = big_inflight
 
         def thousand(i: int) -> Future[Any]:
             c = clients[i % BIG_CLIENTS]
@@ -167,8 +171,9 @@ def bench_saturated(
             )
             return c.begin().insert(table, rows).commit_async()
 
+        _log(f"1000row: {seconds:g} s from now")
         tn_cpu0 = cpu_s(tn_pid)
-        m = measure_chained(BIG_CLIENTS * BIG_INFLIGHT, seconds, thousand)
+        m = measure_chained(big_inflight, seconds, thousand)
         if m[0]:
             out["tn_cpu_us_per_row_1000row"] = round(
                 (cpu_s(tn_pid) - tn_cpu0) / m[0] / BIG_ROWS * 1e6, 2

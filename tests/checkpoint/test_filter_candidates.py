@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 from infra.objectstore import FolderStore
@@ -53,6 +54,30 @@ def test_int_zone_maps_name_exactly_the_blocks_whose_range_holds_the_key():
     # overlapping ranges: both blocks
     fk.register(_Blk(100), KeyFilter.build([0, 250], 1))  # type: ignore[arg-type]
     assert _found(fk, [5, 150, 260]) == {(5, 0), (5, 100), (150, 100), (260, 2)}
+
+
+def test_the_zone_of_every_block_follows_the_slots():
+    """Int keys outside the smallest lo .. largest hi of the slots are in no block (asked
+    before any hash); that zone is worked out again after each register, forget, evict."""
+    fk = FlushedKeys()
+    reader = _Filters()
+    reader.by_id = {0: KeyFilter.build(list(range(100)), 1)}
+    fk.register(_Blk(0), reader.by_id[0])  # type: ignore[arg-type]
+    assert _found(fk, [150, 99]) == {(99, 0)}
+    assert fk.candidates(np.arange(150, 1150, dtype=np.int64), None, 1, 1) == []  # type: ignore[arg-type]
+    reader.by_id[1] = KeyFilter.build(list(range(100, 200)), 1)
+    fk.register(_Blk(1), reader.by_id[1])  # type: ignore[arg-type]
+    assert _found(fk, [150, 250]) == {(150, 1)}
+    many = np.arange(150, 1150, dtype=np.int64)  # an array, partly inside
+    assert [(int(many[i]), b.id) for i, b in fk.candidates(many, None, 1, 1)] == [  # type: ignore[arg-type]
+        (k, 1) for k in range(150, 200)
+    ]
+    fk.forget(_Blk(1))  # type: ignore[arg-type]
+    reader.by_id[2] = KeyFilter.build(list(range(1000, 1100)), 1)
+    fk.register(_Blk(2), reader.by_id[2])  # type: ignore[arg-type]
+    assert _found(fk, [150, 1050, 5000]) == {(1050, 2)}
+    fk.evict()
+    assert _found(fk, [-5, 1050, 99], reader) == {(1050, 2), (99, 0)}
 
 
 def test_keys_or_zone_maps_that_are_not_int64_are_checked_one_by_one():

@@ -147,3 +147,50 @@ def test_a_filter_false_positive_costs_a_read_not_a_wrong_answer(tmp_path: Path)
         insert(eng, 12, 13)
     assert flushed.loads == 2
     shutdown(eng)
+
+
+def test_a_block_whose_rows_are_all_deleted_leaves_the_key_filters(tmp_path: Path):
+    """A flushed block whose every row was deleted before the oldest active transaction
+    began (the requests table's, as the dedup window moves on) loses its key filter at
+    the next checkpoint: lookups ask it nothing (1-bit filters: every other block is
+    asked every key in its zone), and the answers stay: its keys insert again, deleting
+    them is a no-op, live keys elsewhere are still duplicates; also after a restart."""
+    store = FolderStore(tmp_path / "objects")
+    wal = tmp_path / "wal"
+    eng = Engine(open_log(wal))
+    reader = BlockReader(store, bits_per_key=0)
+    eng.block_columns = reader
+    runner = CheckpointRunner(eng, store, interval_s=3600)
+    create(eng)
+    insert(eng, 0, BLOCK_ROWS)  # block 1
+    insert(eng, BLOCK_ROWS, 2 * BLOCK_ROWS)  # block 2
+    assert runner.checkpoint() is not None
+    t = table(eng)
+    assert len(t.mem.flushed) == 2
+    slow = eng.begin()  # began before the deletes: block 1 must still answer it
+    delete(eng, list(range(BLOCK_ROWS)))
+    assert runner.checkpoint() is not None
+    assert len(t.mem.flushed) == 2
+    slow.rollback()
+    insert(eng, 3 * BLOCK_ROWS, 3 * BLOCK_ROWS + 1)  # something for the next checkpoint
+    assert runner.checkpoint() is not None
+    assert len(t.mem.flushed) == 1
+    probes = reader.key_probes
+    insert(eng, 5, 6)  # block 1's key: no block asked (block 2's zone map says no)
+    assert reader.key_probes == probes
+    with pytest.raises(ValidationError, match="duplicate"):
+        insert(eng, BLOCK_ROWS + 3, BLOCK_ROWS + 4)
+    delete(eng, [7])  # deleted long ago: a no-op
+    expected = {5, 3 * BLOCK_ROWS} | set(range(BLOCK_ROWS, 2 * BLOCK_ROWS))
+    assert live_keys(eng) == expected
+    shutdown(eng)
+    rec = recover(open_log(wal), store, bits_per_key=0)
+    eng = rec.engine
+    assert live_keys(eng) == expected
+    with pytest.raises(ValidationError, match="duplicate"):
+        insert(eng, 5, 6)
+    with pytest.raises(ValidationError, match="duplicate"):
+        insert(eng, BLOCK_ROWS + 9, BLOCK_ROWS + 10)
+    insert(eng, 8, 9)
+    assert live_keys(eng) == expected | {8}
+    shutdown(eng)

@@ -219,6 +219,20 @@ class FlushedDts:
             self._state = (loc, {r: d for r, d in recent.items() if d > upto})
             self._base_count = -1
 
+    def all_deleted_by(self, upto: int, cts: FlushedTs) -> bool:
+        """Whether every row of the block (the rows its object holds: `cts`) was deleted
+        at or before upto. The counts first (cached): the rows' ts are read only for a
+        block whose rows are all deleted."""
+        loc, recent = self._state
+        if not loc and not recent:
+            return False
+        if self._base_count < 0:
+            self._base_count = int((self.reader.delete_ts(loc, self.n) < MAX_TS).sum()) if loc else 0
+        rows = cts.present()
+        if not rows or self._base_count + len(recent) < rows:
+            return False
+        return bool(np.all(self.array()[cts.array() < ABORTED_TS] <= upto))
+
     def deleted(self, ts: int) -> int:
         """Rows deleted at or before ts, for ts at or after the delta object's ts."""
         loc, recent = self._state
@@ -247,6 +261,9 @@ def _int_zone_may_hold(key: Any, lo: np.int64, hi: np.int64) -> bool:
         return bool(int(lo) <= key <= int(hi))
     except TypeError:
         return True
+
+
+_FEW = 16  # up to this many int keys are checked against the zone in Python
 
 
 def _int_keys(keys: Sequence[Any] | np.ndarray) -> np.ndarray | None:
@@ -278,6 +295,9 @@ class FlushedKeys:
         self.hi = np.zeros(0, dtype=np.int64)
         self.pending: dict[int, BlockNode] = {}  # registered, filter not loaded yet
         self.loads = 0  # filters loaded (or rebuilt) lazily
+        # the smallest lo and largest hi over the slots (Python ints; None: to compute
+        # again after a slot changed): an int key outside it is in no flushed block
+        self._zone: tuple[int, int] | None = None
 
     def __len__(self) -> int:
         return len(self.slot_of) + len(self.pending)
@@ -299,17 +319,38 @@ class FlushedKeys:
             if j is None:
                 return
             self.bits[:, j >> 3] &= np.uint8(~(1 << (j & 7)) & 0xFF)
+            self._zone = None
             self.slots[j] = None
             self.filters[j] = None
             self.free.append(j)
 
-    def forget_deleted(self, upto: int) -> None:
-        """Drop the filters of blocks replaced (compacted) at or before `upto`."""
+    def forget_deleted(self, upto: int) -> int:
+        """Drop the filters of blocks replaced (compacted) at or before `upto`, and of
+        blocks whose every row was deleted at or before it; returns how many went.
+
+        Why the second: a key looked up is asked of every block's filter, and each false
+        positive reads that block's key column (cached for `object_cache_blocks` blocks).
+        A table whose rows are deleted as they age (the requests table: the dedup window)
+        would keep a filter per block of its whole history, its lookups reading key
+        columns of blocks no live row is in once the blocks outnumber the cache (after
+        450k one-row commits: ~0.3 key column reads per id looked up, ~1.3 ms of CPU per
+        id; docs/perf-commit.md). Such a block cannot answer any lookup: a deleted row is not
+        a duplicate, and a delete at or before `upto` (the oldest active StartTS or
+        before) conflicts with no transaction, active or later."""
         with self.lock:
             gone = [b for b in self.slots if b is not None and b.delete_ts <= upto]
             gone += [b for b in self.pending.values() if b.delete_ts <= upto]
+            alive = [b for b in self.slots if b is not None and b.delete_ts > upto]
+            alive += [b for b in self.pending.values() if b.delete_ts > upto]
+        for b in alive:
+            mem = b.mem
+            cts, dts = getattr(mem, "cts", None), getattr(mem, "dts", None)
+            if isinstance(cts, FlushedTs) and isinstance(dts, FlushedDts):
+                if dts.all_deleted_by(upto, cts):
+                    gone.append(b)
         for b in gone:
             self.forget(b)
+        return len(gone)
 
     def evict(self) -> None:
         """Drop every loaded filter (memory): each is loaded again at the next lookup."""
@@ -323,6 +364,7 @@ class FlushedKeys:
             self.lo = np.zeros(0, dtype=np.int64)
             self.hi = np.zeros(0, dtype=np.int64)
             self.m = 0
+            self._zone = None
 
     def _add(self, blk: BlockNode, flt: KeyFilter) -> None:
         if not self.m:
@@ -356,6 +398,7 @@ class FlushedKeys:
         else:
             self.lo[j], self.hi[j] = _I64_MIN, _I64_MAX
         self.slot_of[blk.id] = j
+        self._zone = None
 
     def _load_pending(self, reader: ObjectRows, pk: int, m: int) -> None:
         while self.pending:
@@ -369,7 +412,6 @@ class FlushedKeys:
         """(index in keys, block) pairs whose filter and zone map may hold the key."""
         if not len(keys):
             return []
-        hashes = key_hashes(keys)
         with self.lock:
             self._load_pending(reader, pk, m)
             if not self.slot_of:
@@ -380,20 +422,36 @@ class FlushedKeys:
             # cleared or reused meanwhile can only add a candidate (one read)
             bits, lo, hi = self.bits, self.lo, self.hi
             slots, filters = list(self.slots), list(self.filters)
+            n = len(slots)
+            zone = self._zone
+            if zone is None:  # an unzoned slot has the widest bounds: every key is inside
+                zone = self._zone = (int(lo[:n].min()), int(hi[:n].max()))
             m_bits = self.m
+        # keys outside every zone map (new keys of an ascending key: most inserts) are in
+        # no flushed block: they cost neither a hash nor a filter probe, whatever the
+        # number of blocks -- checked before anything else (a 1,000-row insert's keys
+        # after a checkpoint: 10-15% of the TN's request thread; docs/perf-commit.md)
         ints = _int_keys(keys)
         at = None  # the keys asked of the filters (None: all)
         if ints is not None:
-            # keys outside every zone map (new keys of an ascending key, most inserts)
-            # skip the filters: their cost grows with the blocks (an unzoned slot has
-            # the widest bounds, so then every key is asked)
-            n = len(slots)
-            inside = (ints >= lo[:n].min()) & (ints <= hi[:n].max())
-            if not inside.all():
-                at = np.nonzero(inside)[0]
-                if not len(at):
+            zlo, zhi = zone
+            if len(ints) <= _FEW:  # a few keys (one-row inserts): no numpy call
+                near = [i for i, k in enumerate(ints.tolist()) if zlo <= k <= zhi]
+                if not near:
                     return []
-                hashes = hashes[at]
+                if len(near) < len(ints):
+                    at = np.array(near, dtype=np.intp)
+            else:
+                if int(ints.min()) > zhi or int(ints.max()) < zlo:
+                    return []
+                inside = (ints >= zlo) & (ints <= zhi)
+                if not inside.all():
+                    at = np.nonzero(inside)[0]
+                    if not len(at):
+                        return []
+            hashes = key_hashes(ints if at is None else ints[at])
+        else:
+            hashes = key_hashes(keys)
         pos = positions(hashes, m_bits)
         hit = np.bitwise_and.reduce(bits[pos], axis=1)  # [keys, slots / 8]
         # (key, slot) pairs: the bytes with a bit set, then their bits (most bytes are 0:

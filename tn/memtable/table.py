@@ -352,12 +352,15 @@ class TableData:
         reader = self.objects()
         if reader is None:
             return {}
-        kl = keys.tolist() if isinstance(keys, np.ndarray) else keys
         pk = self.pk_cid()
         m = filter_bits(BLOCK_ROWS, reader.bits_per_key)
         best: dict[Any, list[Any]] = {}
+        found = self.flushed.candidates(keys, reader, pk, m)
+        if not found:  # new keys of an ascending key (most inserts): no Python per key
+            return best
+        kl = keys.tolist() if isinstance(keys, np.ndarray) else keys
         groups: dict[int, tuple[BlockNode, list[Any]]] = {}
-        for i, blk in self.flushed.candidates(keys, reader, pk, m):
+        for i, blk in found:
             if blk.delete_ts == MAX_TS and isinstance(blk.mem.cols, DroppedCols):
                 groups.setdefault(blk.id, (blk, []))[1].append(kl[i])
         for blk, wanted in groups.values():  # one read of each per block, not per key
