@@ -5,7 +5,8 @@ are, with its batch ids continuing (docs/delta.md, "Resuming from the output alo
 `_kwal_job` is a Delta table of one row (`batch`, `app`, `state`), overwritten once per
 micro-batch after every table's commit of that batch, with the same idempotent-write pair
 as the tables (`txnAppId` = the job, `txnVersion` = the batch id): a batch replayed after a
-crash writes it once. `state` is the job's progress reduced to what does not live in the
+crash writes it once. The driver writes and reads it with delta-rs (`write_job_state`):
+one small commit, no Spark job. `state` is the job's progress reduced to what does not live in the
 work directory (`resume_point`): the catalog (incarnations, schemas, the catalog
 watermark) and the catalog topic's next offset, per table its `delta_ts` (every change
 at or below it is in Delta), the incarnation being written, and the offset of its topic to
