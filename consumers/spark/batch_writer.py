@@ -14,7 +14,7 @@ Per micro-batch:
 3. each table's changes since the last batch in Delta go to its Delta table(s) with one
    MERGE per incarnation, txnVersion = the batch id (`_to_delta`);
 4. `<output>/_kwal_job` records where a job with no work directory resumes
-   (`consumers.spark.job_state`), then a progress file records the batch id, the
+   (`consumers.spark.job_state`: a delta-rs commit from the driver), then a progress file records the batch id, the
    watermarks, the catalog and where everything is: where the next batch resumes (the
    data's commit is step 3's, per table).
 

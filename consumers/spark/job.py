@@ -59,10 +59,11 @@ import json
 import logging
 import shutil
 import sys
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from consumers.core.exceptions import (
     BootstrapError,
@@ -99,6 +100,7 @@ from schemas.logtail import decode_logtail
 from schemas.wal import TableSchema
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 # `kwal cn spark` starts a query that fell behind the truncation again at most this many
 # times in a row without a batch committed in between (the truncation outruns it).
@@ -183,6 +185,9 @@ def start_query(
     state = read_job_state(spark, delta_output, app_id(delta_output))
     prog = resume_from_output(spark, delta_output, output, ckpt, list(table_topics), state)
     check_continuation(spark, delta_output, output, ckpt, list(table_topics), prog)
+    # the catalog's schemas (decoding hints, needed by the plan below) read from Kafka while
+    # the driver checks the topics' offsets and writes the first resume point
+    hints_soon = in_background(catalog_hints, bootstrap, catalog_topic, list(table_topics), dict(options))
     if prog is not None:
         lost = lost_records(bootstrap, output, ckpt, table_topics, catalog_topic, options)
         if lost and (store is None or from_checkpoint == "never"):
@@ -236,7 +241,7 @@ def start_query(
         starts = {t: {"0": -2} for t in topics}
         starts.update({t: {"0": o} for t, o in prog.start_offsets.items() if t in starts})
         options["startingOffsets"] = json.dumps(starts, sort_keys=True)
-    hints = catalog_hints(bootstrap, catalog_topic, list(table_topics), options)
+    hints = hints_soon()
     writer = BatchWriter(
         output, catalog_topic, table_topics, compact_interval_s, hints, store=store,
         delta_output=delta_output,
@@ -256,6 +261,31 @@ def start_query(
     else:
         w = w.trigger(processingTime=_interval(trigger))
     return w.start()
+
+
+def in_background(fn: Callable[..., T], *args: Any) -> Callable[[], T]:
+    """Run `fn(*args)` in a daemon thread now; the returned callable waits for it and returns
+    its result, or raises what it raised (a query's start that fails before it waits
+    leaves the thread to end on its own: its reads are bounded by their poll timeout)."""
+    done: list[T] = []
+    failed: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            done.append(fn(*args))
+        except BaseException as e:  # re-raised by the waiter
+            failed.append(e)
+
+    thread = threading.Thread(target=run, name=f"kwal-{getattr(fn, '__name__', 'task')}", daemon=True)
+    thread.start()
+
+    def wait() -> T:
+        thread.join()
+        if failed:
+            raise failed[0]
+        return done[0]
+
+    return wait
 
 
 def check_output(delta_output: str, work: str, tables: Sequence[str]) -> None:

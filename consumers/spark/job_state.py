@@ -5,7 +5,8 @@ are, with its batch ids continuing (docs/delta.md, "Resuming from the output alo
 `_kwal_job` is a Delta table of one row (`batch`, `app`, `state`), overwritten once per
 micro-batch after every table's commit of that batch, with the same idempotent-write pair
 as the tables (`txnAppId` = the job, `txnVersion` = the batch id): a batch replayed after a
-crash writes it once. `state` is the job's progress reduced to what does not live in the
+crash writes it once. The driver writes and reads it with delta-rs (`write_job_state`):
+one small commit, no Spark job. `state` is the job's progress reduced to what does not live in the
 work directory (`resume_point`): the catalog (incarnations, schemas, the catalog
 watermark) and the catalog topic's next offset, per table its `delta_ts` (every change
 at or below it is in Delta), the incarnation being written, and the offset of its topic to
@@ -43,6 +44,7 @@ import json
 from typing import Any
 
 from consumers.core.exceptions import BootstrapError
+from consumers.spark.delta_rs import rs_location
 from consumers.spark.delta_sink import (
     APP_KEY,
     BATCH_KEY,
@@ -82,16 +84,43 @@ def resume_point(prog: Progress) -> Progress:
 
 def write_job_state(spark: Any, output: str, app_id: str, prog: Progress) -> None:
     """Overwrite `_kwal_job` with `resume_point(prog)` (txnVersion = the batch id: a replay
-    writes nothing). A job whose progress predates offset tracking writes none."""
+    writes nothing). A job whose progress predates offset tracking writes none.
+
+    Written by the driver with delta-rs (`consumers.spark.delta_rs`), not as a Spark job:
+    the same Delta table, commit and idempotent-write pair (a `txn` action with the app id
+    and the batch id, which Spark's Delta reads as its own `txnAppId`/`txnVersion`), in
+    10-30 ms where Spark's one-row overwrite took 1.2 s (docs/perf-spark.md). Delta-rs
+    records the pair but does not check it: a batch id at or below the one the table
+    records is skipped here, as Spark's Delta would."""
     if not prog.offsets_known:
         return
-    state = json.dumps(resume_point(prog).to_json(), sort_keys=True)
-    df = spark.createDataFrame([(prog.batch_id, app_id, state)], "batch long, app string, state string")
-    meta = json.dumps({BATCH_KEY: prog.batch_id, APP_KEY: app_id})
-    writer = df.coalesce(1).write.format("delta").mode("overwrite").option("userMetadata", meta)
+    import pyarrow as pa
+    from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+    from deltalake.exceptions import TableNotFoundError
+
+    uri, options = rs_location(spark, job_state_path(output))
+    target: str | DeltaTable = uri
+    try:
+        target = DeltaTable(uri, storage_options=options)
+    except TableNotFoundError:
+        pass  # the first resume point creates the table
+    txns = None
     if prog.batch_id >= 0:  # a new job's first resume point (-1) has no batch to repeat
-        writer = writer.option("txnAppId", app_id).option("txnVersion", prog.batch_id)
-    writer.save(job_state_path(output))
+        done = target.transaction_version(app_id) if isinstance(target, DeltaTable) else None
+        if done is not None and done >= prog.batch_id:
+            return
+        txns = [Transaction(app_id, prog.batch_id)]
+    state = json.dumps(resume_point(prog).to_json(), sort_keys=True)
+    row = pa.table({
+        "batch": pa.array([prog.batch_id], pa.int64()),
+        "app": pa.array([app_id], pa.string()),
+        "state": pa.array([state], pa.string()),
+    })
+    meta = json.dumps({BATCH_KEY: prog.batch_id, APP_KEY: app_id})
+    write_deltalake(
+        target, row, mode="overwrite", storage_options=options or None,
+        commit_properties=CommitProperties(custom_metadata={"userMetadata": meta}, app_transactions=txns),
+    )
 
 
 def delete_job_state(spark: Any, output: str) -> None:
@@ -103,13 +132,17 @@ def delete_job_state(spark: Any, output: str) -> None:
 
 def read_job_state(spark: Any, output: str, app_id: str) -> Progress | None:
     """The resume point `_kwal_job` under `output` records (None: there is none). Refuses
-    one another job wrote (another `txnAppId`: its batch ids are not this job's)."""
-    from delta.tables import DeltaTable
+    one another job wrote (another `txnAppId`: its batch ids are not this job's). Read with
+    delta-rs (no Spark job: part of every query's start)."""
+    from deltalake import DeltaTable
+    from deltalake.exceptions import TableNotFoundError
 
     path = job_state_path(output)
-    if not DeltaTable.isDeltaTable(spark, path):
+    uri, options = rs_location(spark, path)
+    try:
+        rows = DeltaTable(uri, storage_options=options).to_pyarrow_table().to_pylist()
+    except TableNotFoundError:
         return None
-    rows = spark.read.format("delta").load(path).collect()
     if len(rows) != 1:
         raise ValueError(f"{path}: the job's resume point has {len(rows)} rows, expected 1")
     row = rows[0]

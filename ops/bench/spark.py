@@ -20,7 +20,9 @@ One JSON line (`ops.bench.report.emit`):
   trigger, from a record's acknowledgement by Kafka to its commit being visible in Delta
   (the table's newest Delta version records a kwal watermark at or above the record's ts,
   read with delta-rs, not Spark), over `--latency-samples` records;
-- `jvm_cpu_s`: the JVM's CPU during the measured query (a local session), and `warmups`.
+- `jvm_cpu_s`: the JVM's CPU during the measured query (a local session); `tree_cpu_s`: the
+  whole tree's (the driver's Python process, the JVM, Spark's Python workers: `_tree_cpu_s`);
+  and `warmups`.
 
 Steps: (1) use the broker at `cfg.bootstrap`, or start the embedded one when nothing
 listens there (stopped at the end); (2) produce the records to a fresh table topic; (3)
@@ -306,6 +308,39 @@ def _jvm_pid(spark: Any) -> int | None:
     return int(proc.pid) if proc is not None else None
 
 
+def _tree_cpu_s(jvm: int) -> float | None:
+    """CPU seconds so far of the query's whole process tree: this process (the driver's
+    Python: the batch writer, delta-rs's commits), the JVM, every descendant of the JVM alive
+    now (Spark's Python workers, their daemon) and the children each of those has reaped
+    (a finished worker, a query's Python source planner); None where /proc does not tell.
+    Differences between two readings are what the tree spent in between."""
+    import resource
+
+    tick = os.sysconf("SC_CLK_TCK")
+    stats: dict[int, tuple[int, float]] = {}  # pid -> (parent, CPU incl. reaped children)
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # gone meanwhile
+        # after the ")": state 0, ppid 1, utime 11, stime 12, cutime 13, cstime 14
+        stats[int(entry)] = (int(fields[1]), sum(int(x) for x in fields[11:15]) / tick)
+    if jvm not in stats:
+        return None
+    tree, frontier = {jvm}, [jvm]
+    while frontier:
+        parent = frontier.pop()
+        for pid, (ppid, _) in stats.items():
+            if ppid == parent and pid not in tree:
+                tree.add(pid)
+                frontier.append(pid)
+    me = resource.getrusage(resource.RUSAGE_SELF)
+    return sum(stats[p][1] for p in tree) + me.ru_utime + me.ru_stime
+
+
 def _sources(spark: Any) -> list[str]:
     """The sources to measure, the job's (`requested_source`: its default, or what
     KWAL_SPARK_BUILTIN_KAFKA asks for) last: both, or only the one `choose_source` allows
@@ -328,8 +363,10 @@ def _measure(
 
     jvm = _jvm_pid(spark)
     jvm_before = process_cpu_s(jvm) if jvm else None
+    tree_before = _tree_cpu_s(jvm) if jvm else None
     spark_s, progress = _run_available_now(spark, cfg, table, out, source)
     jvm_after = process_cpu_s(jvm) if jvm else None
+    tree_after = _tree_cpu_s(jvm) if jvm else None
     if os.environ.get("KWAL_SPARK_TIMINGS"):
         _log(f"spark ({source}) {spark_s:.3f} s; micro-batches (ms): {progress}")
     delta = table_path(str(out), f"{DB}.{table}")
@@ -346,6 +383,9 @@ def _measure(
         "batches": len(carried),
         "jvm_cpu_s": round(jvm_after - jvm_before, 2)
         if jvm_before is not None and jvm_after is not None
+        else None,
+        "tree_cpu_s": round(tree_after - tree_before, 2)
+        if tree_before is not None and tree_after is not None
         else None,
         "watermark": _delta_watermark(delta),
     }
@@ -414,6 +454,7 @@ def bench(
             first_batch_s=mine["first_batch_s"],
             batches=mine["batches"],
             jvm_cpu_s=mine["jvm_cpu_s"],
+            tree_cpu_s=mine["tree_cpu_s"],
             watermark=mine["watermark"],
             warmups=warmups,
             sink="delta",
@@ -421,7 +462,7 @@ def bench(
         )
         for source, name in (("kwal", "python_source"), ("builtin", "builtin")):
             f = figures.get(source, {})
-            for key in ("rows_per_s", "batch_rows_per_s", "spark_s", "jvm_cpu_s"):
+            for key in ("rows_per_s", "batch_rows_per_s", "spark_s", "jvm_cpu_s", "tree_cpu_s"):
                 out[f"{key}_{name}"] = f.get(key)
         if len(figures) == 2:
             out["faster"] = max(figures, key=lambda k: figures[k]["rows_per_s"])

@@ -452,6 +452,14 @@ def test_a_job_resumes_from_its_output_alone(spark: Any, tmp_path: Path) -> None
     state.tables["db.b"] = TableProgress("db.b", "t.b", next_offset=3)  # read, nothing in Delta
     write_job_state(spark, output, app, state)
     assert read_job_state(spark, output, app).start_offsets == {"cat": 5, "t.a": 40, "t.b": 3}  # type: ignore[union-attr]
+    # written by the driver with delta-rs: Spark's Delta reads it; a replayed batch id (7)
+    # writes nothing (the txn the table records)
+    job_path = f"{output}/_kwal_job"
+    assert [(r["batch"], r["app"]) for r in spark.read.format("delta").load(job_path).collect()] == [(7, app)]
+    version = deltalake.DeltaTable(job_path).version()
+    write_job_state(spark, output, app, Progress(batch_id=7, catalog_topic="other"))
+    assert deltalake.DeltaTable(job_path).version() == version
+    assert deltalake.DeltaTable(job_path).transaction_version(app) == 7
 
     write_progress(work, Progress(batch_id=3, catalog_topic="cat"))  # not this output's: dropped
     prog = resume_from_output(spark, output, work, work / "_checkpoint", ["db.a", "db.b"],

@@ -40,6 +40,7 @@ def test_bench_spark_prints_one_json_line_with_both_sides(
         assert result[f"rows_per_s_{name}"] > 0
         assert result[f"batch_rows_per_s_{name}"] >= result[f"rows_per_s_{name}"]
         assert result[f"jvm_cpu_s_{name}"] > 0
+        assert result[f"tree_cpu_s_{name}"] > 0  # the driver, the JVM, its Python workers
     mine = named[DEFAULT_SOURCE]
     assert result["rows_per_s"] == result[f"rows_per_s_{mine}"]
     assert result["spark_s"] == result[f"spark_s_{mine}"]
