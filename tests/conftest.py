@@ -40,7 +40,8 @@ TEST_BROKER = os.environ.get("KWAL_TEST_BROKER", DEFAULT_BROKER)
 # - SPARK_SUBMIT_OPTS: Spark's launcher adds it to the driver JVM's command line, for the
 #   `spark` fixture's session and for every Spark CN job subprocess a test starts (they
 #   inherit this environment);
-# - KWAL_KAFKA_JVM_OPTIONS (JVM_OPTIONS_ENV): the Apache Kafka nodes the tests start that are not given
+# - KWAL_BROKER_JVM_OPTIONS (JVM_OPTIONS_ENV; not KWAL_KAFKA_*, which KwalConfig reads as
+#   Kafka client settings): the Apache Kafka nodes the tests start that are not given
 #   options of their own (`infra.brokers.apache_kafka.default_jvm_options`): the session
 #   broker, RestartableBroker, `kwal up`'s broker.
 TEST_JVM_FLAGS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"

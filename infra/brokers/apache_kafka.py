@@ -45,11 +45,11 @@ HEAP = "-Xms256m -Xmx768m"
 JVM_OPTIONS = f"{HEAP} -XX:+UseG1GC"
 # Replaces JVM_OPTIONS for every node that is not given its own (`KafkaNode.jvm_options`):
 # the test suite sets it (tests/conftest.py) for brokers that live seconds to minutes.
-JVM_OPTIONS_ENV = "KWAL_KAFKA_JVM_OPTIONS"
+JVM_OPTIONS_ENV = "KWAL_BROKER_JVM_OPTIONS"
 
 
 def default_jvm_options() -> str:
-    """JVM_OPTIONS, or `$KWAL_KAFKA_JVM_OPTIONS` where set (read when a node is made)."""
+    """JVM_OPTIONS, or `$KWAL_BROKER_JVM_OPTIONS` where set (read when a node is made)."""
     return os.environ.get(JVM_OPTIONS_ENV) or JVM_OPTIONS
 
 
