@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 
+from infra.brokers.apache_kafka import HEAP, JVM_OPTIONS_ENV
 from infra.brokers.local import DEFAULT_BROKER, check_broker
 from infra.config import KwalConfig, ObjectStoreConfig
 from infra.objectstore import S3Store
@@ -29,6 +30,23 @@ from infra.processes import ServerProcess, log_tail
 
 LOG_DIR = Path(os.environ.get("KWAL_TEST_LOG_DIR", "/tmp/kwal-test-logs"))
 TEST_BROKER = os.environ.get("KWAL_TEST_BROKER", DEFAULT_BROKER)
+
+# JVM flags for the JVMs the suite starts (a value already in the environment wins). The
+# suite is CPU-bound on 2 cores and its JVMs live seconds to minutes, on tiny data: C2's
+# compile threads (work a JVM that lives minutes does not earn back) and G1's concurrent
+# GC threads take cores the tests need. C1 only (`TieredStopAtLevel=1`) and the serial
+# collector do less (docs/measurements.md, "Suite CPU"). Test-only: a production broker or
+# CN job runs for days on real data and keeps C2 and G1.
+# - SPARK_SUBMIT_OPTS: Spark's launcher adds it to the driver JVM's command line, for the
+#   `spark` fixture's session and for every Spark CN job subprocess a test starts (they
+#   inherit this environment);
+# - KWAL_BROKER_JVM_OPTIONS (JVM_OPTIONS_ENV; not KWAL_KAFKA_*, which KwalConfig reads as
+#   Kafka client settings): the Apache Kafka nodes the tests start that are not given
+#   options of their own (`infra.brokers.apache_kafka.default_jvm_options`): the session
+#   broker, RestartableBroker, `kwal up`'s broker.
+TEST_JVM_FLAGS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+os.environ.setdefault("SPARK_SUBMIT_OPTS", TEST_JVM_FLAGS)
+os.environ.setdefault(JVM_OPTIONS_ENV, f"{HEAP} {TEST_JVM_FLAGS}")
 
 
 def _log_dir() -> Path:

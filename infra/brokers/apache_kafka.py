@@ -43,6 +43,15 @@ KAFKA_VERSION = "4.1.1"
 POM = Path(__file__).with_name("kafka") / "pom.xml"
 HEAP = "-Xms256m -Xmx768m"
 JVM_OPTIONS = f"{HEAP} -XX:+UseG1GC"
+# Replaces JVM_OPTIONS for every node that is not given its own (`KafkaNode.jvm_options`):
+# the test suite sets it (tests/conftest.py) for brokers that live seconds to minutes.
+JVM_OPTIONS_ENV = "KWAL_BROKER_JVM_OPTIONS"
+
+
+def default_jvm_options() -> str:
+    """JVM_OPTIONS, or `$KWAL_BROKER_JVM_OPTIONS` where set (read when a node is made)."""
+    return os.environ.get(JVM_OPTIONS_ENV) or JVM_OPTIONS
+
 
 # Broker settings of every local node; `KafkaNode.extra` adds to or overrides them.
 BROKER_SETTINGS: dict[str, str] = {
@@ -150,7 +159,7 @@ class KafkaNode:
     node_id: int = 1
     voters: str = ""  # default: this node alone, "<node_id>@127.0.0.1:<controller_port>"
     cluster_id: str = ""  # default: a fresh one at the first format
-    jvm_options: str = JVM_OPTIONS  # heap, collector, JIT
+    jvm_options: str = field(default_factory=default_jvm_options)  # heap, collector, JIT
 
     def __post_init__(self) -> None:
         self.port = self.port or free_port()

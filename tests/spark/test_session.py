@@ -95,3 +95,13 @@ def test_the_shared_sessions_workers_import_pyspark_from_site_packages(spark: An
     path = spark.range(1).mapInArrow(_pyspark_file, "path string").collect()[0]["path"]
     assert ".zip" not in path, path
     assert Path(path).resolve().parent == _package()
+
+
+def test_the_shared_sessions_driver_jvm_runs_the_suites_jvm_flags(spark: Any) -> None:
+    """tests/conftest.py's SPARK_SUBMIT_OPTS reach the driver JVM (C1 only, the serial
+    collector: the suite's CPU, docs/measurements.md "Suite CPU")."""
+    wanted = os.environ.get("SPARK_SUBMIT_OPTS", "").split()
+    assert wanted, "tests/conftest.py sets SPARK_SUBMIT_OPTS"
+    runtime = spark.sparkContext._jvm.java.lang.management.ManagementFactory.getRuntimeMXBean()
+    arguments = list(runtime.getInputArguments())
+    assert all(flag in arguments for flag in wanted), (wanted, arguments)
