@@ -103,15 +103,21 @@ def test_flushed_keys_behave_as_before_and_the_index_stays_bounded(tmp_path: Pat
     shutdown(eng)
 
 
-def test_a_filter_false_positive_costs_a_read_not_a_wrong_answer(tmp_path: Path):
+def _one_bit_filters(tmp_path: Path) -> tuple[Engine, BlockReader, CheckpointRunner, Path, FolderStore]:
+    """An engine whose checkpoints write 1-bit key filters ("maybe" to every key), with
+    table db.t created: (engine, its block reader, a checkpoint runner, WAL path, store)."""
     store = FolderStore(tmp_path / "objects")
     wal = tmp_path / "wal"
     eng = Engine(open_log(wal))
-    # a 1-bit filter: "maybe" to every key
     reader = BlockReader(store, bits_per_key=0)
     eng.block_columns = reader
     runner = CheckpointRunner(eng, store, interval_s=3600)
     create(eng)
+    return eng, reader, runner, wal, store
+
+
+def test_a_filter_false_positive_costs_a_read_not_a_wrong_answer(tmp_path: Path):
+    eng, reader, runner, wal, store = _one_bit_filters(tmp_path)
     txn = eng.begin()
     evens = [{"id": 2 * i, "v": "e", "x": None} for i in range(BLOCK_ROWS)]
     txn.insert("db", "t", evens)
@@ -155,13 +161,7 @@ def test_a_block_whose_rows_are_all_deleted_leaves_the_key_filters(tmp_path: Pat
     the next checkpoint: lookups ask it nothing (1-bit filters: every other block is
     asked every key in its zone), and the answers stay: its keys insert again, deleting
     them is a no-op, live keys elsewhere are still duplicates; also after a restart."""
-    store = FolderStore(tmp_path / "objects")
-    wal = tmp_path / "wal"
-    eng = Engine(open_log(wal))
-    reader = BlockReader(store, bits_per_key=0)
-    eng.block_columns = reader
-    runner = CheckpointRunner(eng, store, interval_s=3600)
-    create(eng)
+    eng, reader, runner, wal, store = _one_bit_filters(tmp_path)
     insert(eng, 0, BLOCK_ROWS)  # block 1
     insert(eng, BLOCK_ROWS, 2 * BLOCK_ROWS)  # block 2
     assert runner.checkpoint() is not None
