@@ -19,6 +19,17 @@ from infra.config import ConfigError, KwalConfig
 from infra.stack import apply_stack
 
 
+def _positive_int(text: str) -> int:
+    """argparse type: an integer of at least 1 (a count of clients, transactions ...)."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{n} is not at least 1")
+    return n
+
+
 def _command(sub: argparse._SubParsersAction, name: str, target: str, help: str) -> argparse.ArgumentParser:
     parser = sub.add_parser(name, help=help, description=help)
     parser.set_defaults(target=target)
@@ -76,7 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
                          help="only raw Kafka and the saturated phases (profiling runs)")
     bcommit.add_argument("--only-1000row", action="store_true",
                          help="with --saturated-only: skip the saturated 1-row phase (profile the 1,000-row one)")
-    bcommit.add_argument("--big-inflight", type=int, default=16,
+    bcommit.add_argument("--big-inflight", type=_positive_int, default=16,
                          help="1,000-row transactions in flight in all (over up to 4 clients)")
 
     blog = _command(bench, "logtail", "ops.bench.logtail:run", "commit-to-visible latency at a CN")

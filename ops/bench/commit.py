@@ -239,7 +239,7 @@ def run(args: Any, cfg: KwalConfig) -> int:
     saturated_seconds = float(getattr(args, "saturated_seconds", 60.0) or 0.0)
     saturated_only = bool(getattr(args, "saturated_only", False))
     one_row = not bool(getattr(args, "only_1000row", False))
-    big_inflight = int(getattr(args, "big_inflight", 16) or 16)
+    big_inflight = int(getattr(args, "big_inflight", 16))
     workdir = Path(tempfile.mkdtemp(prefix="kwal-bench-commit-"))
     out: dict[str, Any] = {"bench": "commit", "seconds": seconds, "clients": list(CLIENTS)}
     with bench_kafka(cfg, "commit") as (cfg, where, _broker):
