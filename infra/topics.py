@@ -45,16 +45,18 @@ nodes, and one node may be down without stopping writes (`infra.brokers.kafka_cl
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from confluent_kafka import KafkaException
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import (
     AdminClient,
     AlterConfigOpType,
     ConfigEntry,
     ConfigResource,
     NewTopic,
+    OffsetSpec,
     TopicMetadata,
 )
 
@@ -173,7 +175,11 @@ def ensure_topics(
     3. wait (bounded) until the broker's metadata lists the created topics with their
        partitions: CreateTopics returns once the controller has them, and a KRaft
        broker's metadata cache can answer without them for a moment after (a driver
-       opening right after would see its WAL topic "missing"), each partition with a leader;
+       opening right after would see its WAL topic "missing"), each partition with a leader,
+       and until each partition's leader answers for it (ListOffsets): the metadata names a
+       leader a moment before that broker serves the partition, and a consumer's
+       `get_watermark_offsets` in that moment fails with "not leader for partition" (a
+       producer retries; a watermark query does not);
     4. check partition counts of those that existed (a WAL topic with fewer
        partitions than configured is an error: CreatePartitions is not
        available everywhere, so kwal never grows a topic silently), and their
@@ -203,7 +209,9 @@ def ensure_topics(
             except KafkaException as e:
                 if "TOPIC_ALREADY_EXISTS" not in str(e) and "already exists" not in str(e):
                     raise TopicError(f"cannot create topic {name} on {cfg.bootstrap}: {e}") from e
+        deadline = time.monotonic() + timeout_s
         _await_metadata(admin, [s.name for s in missing], timeout_s, cfg.bootstrap)
+        _await_serving(admin, missing, deadline, cfg.bootstrap)
     for spec in specs:
         if spec in missing:
             continue
@@ -225,8 +233,6 @@ def ensure_topics(
 
 def _await_metadata(admin: AdminClient, names: list[str], timeout_s: float, where: str) -> None:
     """Step 3 of `ensure_topics`."""
-    import time
-
     deadline = time.monotonic() + timeout_s
     todo = set(names)
     while todo:
@@ -238,6 +244,43 @@ def _await_metadata(admin: AdminClient, names: list[str], timeout_s: float, wher
         if todo and time.monotonic() > deadline:
             raise TopicError(f"topics {sorted(todo)} were created but not listed by {where} "
                              f"within {timeout_s:.0f}s")
+        if todo:
+            time.sleep(0.05)
+
+
+# ListOffsets errors that mean "this partition's leader does not serve it yet"
+_NOT_SERVING_YET = frozenset(
+    {
+        KafkaError.NOT_LEADER_FOR_PARTITION,
+        KafkaError.LEADER_NOT_AVAILABLE,
+        KafkaError.UNKNOWN_TOPIC_OR_PART,
+    }
+)
+
+
+def _await_serving(admin: AdminClient, specs: list[TopicSpec], deadline: float, where: str) -> None:
+    """Step 3 of `ensure_topics`, its end: ask every partition of the created topics for its
+    end offset until each leader answers (bounded by `deadline`)."""
+    todo = [TopicPartition(s.name, p) for s in specs for p in range(s.partitions)]
+    while todo:
+        left = deadline - time.monotonic()
+        futures = admin.list_offsets(
+            {tp: OffsetSpec.latest() for tp in todo}, request_timeout=max(0.5, left)
+        )
+        waiting: list[TopicPartition] = []
+        for tp, future in futures.items():
+            try:
+                future.result()
+            except KafkaException as e:
+                code = e.args[0].code() if e.args and isinstance(e.args[0], KafkaError) else None
+                if code not in _NOT_SERVING_YET:
+                    raise TopicError(f"topic {tp.topic} [{tp.partition}] on {where}: {e}") from e
+                waiting.append(tp)
+        todo = waiting
+        if todo and time.monotonic() > deadline:
+            names = sorted({tp.topic for tp in todo})
+            raise TopicError(f"topics {names} were created but their leaders on {where} did not "
+                             "serve them in time")
         if todo:
             time.sleep(0.05)
 

@@ -138,6 +138,28 @@ def test_ensure_topics_is_idempotent(kwal_config: KwalConfig) -> None:
         assert spec.name in md.topics
 
 
+def test_ensure_topics_returns_once_every_created_partition_is_served(kwal_config: KwalConfig) -> None:
+    """A watermark query (which, unlike a produce, does not retry "not leader for
+    partition") works on every partition the moment ensure_topics returns; a topic whose
+    leader never serves it is named after the deadline."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    from infra.topics import TopicError, TopicSpec, _await_serving, admin_client
+
+    ensure_topics(kwal_config)
+    consumer = Consumer(kwal_config.kafka_client(**{"group.id": f"{kwal_config.topics.prefix}.w"}))
+    try:
+        for spec in core_topics(kwal_config):
+            for p in range(spec.partitions):
+                low, high = consumer.get_watermark_offsets(TopicPartition(spec.name, p), timeout=10)
+                assert 0 <= low <= high, (spec.name, p, low, high)
+    finally:
+        consumer.close()
+    missing = f"{kwal_config.topics.prefix}.never-created"
+    with pytest.raises(TopicError, match=missing):
+        _await_serving(admin_client(kwal_config), [TopicSpec(missing)], time.monotonic() + 1, "here")
+
+
 @pytest.mark.tansu
 def test_up_status_down(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("KWAL_")}
