@@ -248,12 +248,18 @@ def _await_metadata(admin: AdminClient, names: list[str], timeout_s: float, wher
             time.sleep(0.05)
 
 
-# ListOffsets errors that mean "this partition's leader does not serve it yet"
+# ListOffsets errors that mean "this partition's leader does not serve it yet", besides
+# those Kafka marks retriable (UNKNOWN_LEADER_EPOCH: "leader epoch is newer than broker
+# epoch", seen while a new leader applies its metadata)
 _NOT_SERVING_YET = frozenset(
     {
         KafkaError.NOT_LEADER_FOR_PARTITION,
         KafkaError.LEADER_NOT_AVAILABLE,
         KafkaError.UNKNOWN_TOPIC_OR_PART,
+        KafkaError.UNKNOWN_LEADER_EPOCH,
+        KafkaError.FENCED_LEADER_EPOCH,
+        KafkaError.OFFSET_NOT_AVAILABLE,
+        KafkaError.REPLICA_NOT_AVAILABLE,
     }
 )
 
@@ -272,8 +278,8 @@ def _await_serving(admin: AdminClient, specs: list[TopicSpec], deadline: float, 
             try:
                 future.result()
             except KafkaException as e:
-                code = e.args[0].code() if e.args and isinstance(e.args[0], KafkaError) else None
-                if code not in _NOT_SERVING_YET:
+                err = e.args[0] if e.args and isinstance(e.args[0], KafkaError) else None
+                if err is None or not (err.retriable() or err.code() in _NOT_SERVING_YET):
                     raise TopicError(f"topic {tp.topic} [{tp.partition}] on {where}: {e}") from e
                 waiting.append(tp)
         todo = waiting
