@@ -77,16 +77,45 @@ def _ephemeral_low() -> int:
         return 0
 
 
+def _stat_fields(pid: int | str) -> list[str] | None:
+    """The fields of /proc/<pid>/stat after the ")" closing the command name (state is
+    field 0, ppid 1, utime 11, stime 12, cutime 13, cstime 14); None where /proc does not
+    tell (not Linux, or the process is gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
 def process_cpu_s(pid: int) -> float | None:
     """CPU seconds (user + system, every thread) process `pid` has used so far; None where
     /proc does not tell (not Linux, or the process is gone)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
+    fields = _stat_fields(pid)
+    if fields is None:
         return None
-    # after the ")" closing the command name: state is field 0, utime 11, stime 12
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def process_tree_cpu_s(root: int) -> float | None:
+    """CPU seconds so far of `root` and every descendant alive now, each with the children
+    it has reaped (a finished worker); None where /proc does not tell about `root`.
+    Differences between two readings are what the tree spent in between."""
+    stats: dict[int, tuple[int, int]] = {}  # pid -> (parent, ticks incl. reaped children)
+    for entry in os.listdir("/proc"):
+        fields = _stat_fields(entry) if entry.isdigit() else None
+        if fields is not None:
+            stats[int(entry)] = (int(fields[1]), sum(int(x) for x in fields[11:15]))
+    if root not in stats:
+        return None
+    tree, frontier = {root}, [root]
+    while frontier:
+        parent = frontier.pop()
+        for pid, (ppid, _) in stats.items():
+            if ppid == parent and pid not in tree:
+                tree.add(pid)
+                frontier.append(pid)
+    return sum(stats[p][1] for p in tree) / os.sysconf("SC_CLK_TCK")
 
 
 def log_tail(path: Path, lines: int = 20) -> str:

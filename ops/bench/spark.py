@@ -48,7 +48,7 @@ from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from infra.config import KwalConfig
-from infra.processes import process_cpu_s
+from infra.processes import process_cpu_s, process_tree_cpu_s
 from ops.bench.kafka import bench_kafka
 from ops.bench.report import emit, percentile, ratio
 from schemas.arrow_ipc import arrow_schema, table_to_ipc
@@ -310,35 +310,15 @@ def _jvm_pid(spark: Any) -> int | None:
 
 def _tree_cpu_s(jvm: int) -> float | None:
     """CPU seconds so far of the query's whole process tree: this process (the driver's
-    Python: the batch writer, delta-rs's commits), the JVM, every descendant of the JVM alive
-    now (Spark's Python workers, their daemon) and the children each of those has reaped
-    (a finished worker, a query's Python source planner); None where /proc does not tell.
-    Differences between two readings are what the tree spent in between."""
+    Python: the batch writer, delta-rs's commits) and the JVM's tree (Spark's Python
+    workers, their daemon, a query's Python source planner: `process_tree_cpu_s`)."""
     import resource
 
-    tick = os.sysconf("SC_CLK_TCK")
-    stats: dict[int, tuple[int, float]] = {}  # pid -> (parent, CPU incl. reaped children)
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue  # gone meanwhile
-        # after the ")": state 0, ppid 1, utime 11, stime 12, cutime 13, cstime 14
-        stats[int(entry)] = (int(fields[1]), sum(int(x) for x in fields[11:15]) / tick)
-    if jvm not in stats:
+    tree = process_tree_cpu_s(jvm)
+    if tree is None:
         return None
-    tree, frontier = {jvm}, [jvm]
-    while frontier:
-        parent = frontier.pop()
-        for pid, (ppid, _) in stats.items():
-            if ppid == parent and pid not in tree:
-                tree.add(pid)
-                frontier.append(pid)
     me = resource.getrusage(resource.RUSAGE_SELF)
-    return sum(stats[p][1] for p in tree) + me.ru_utime + me.ru_stime
+    return tree + me.ru_utime + me.ru_stime
 
 
 def _sources(spark: Any) -> list[str]:
