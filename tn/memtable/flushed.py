@@ -266,6 +266,13 @@ def _int_zone_may_hold(key: Any, lo: np.int64, hi: np.int64) -> bool:
 _FEW = 16  # up to this many int keys are checked against the zone in Python
 
 
+def _all_rows_deleted(blk: BlockNode, upto: int) -> bool:
+    """Whether every row of flushed block `blk` was deleted at or before `upto` (False for
+    a block whose timestamps are not yet the flushed kind)."""
+    cts, dts = getattr(blk.mem, "cts", None), getattr(blk.mem, "dts", None)
+    return isinstance(cts, FlushedTs) and isinstance(dts, FlushedDts) and dts.all_deleted_by(upto, cts)
+
+
 def _int_keys(keys: Sequence[Any] | np.ndarray) -> np.ndarray | None:
     """The keys as int64, when every one is a plain int that fits; else None."""
     if isinstance(keys, np.ndarray) and keys.dtype == np.int64:
@@ -338,16 +345,9 @@ class FlushedKeys:
         a duplicate, and a delete at or before `upto` (the oldest active StartTS or
         before) conflicts with no transaction, active or later."""
         with self.lock:
-            gone = [b for b in self.slots if b is not None and b.delete_ts <= upto]
-            gone += [b for b in self.pending.values() if b.delete_ts <= upto]
-            alive = [b for b in self.slots if b is not None and b.delete_ts > upto]
-            alive += [b for b in self.pending.values() if b.delete_ts > upto]
-        for b in alive:
-            mem = b.mem
-            cts, dts = getattr(mem, "cts", None), getattr(mem, "dts", None)
-            if isinstance(cts, FlushedTs) and isinstance(dts, FlushedDts):
-                if dts.all_deleted_by(upto, cts):
-                    gone.append(b)
+            blocks = [b for b in self.slots if b is not None] + list(self.pending.values())
+        # outside the lock: a block's delete ts may be read from its object
+        gone = [b for b in blocks if b.delete_ts <= upto or _all_rows_deleted(b, upto)]
         for b in gone:
             self.forget(b)
         return len(gone)
