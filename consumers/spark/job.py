@@ -62,6 +62,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -267,25 +268,17 @@ def in_background(fn: Callable[..., T], *args: Any) -> Callable[[], T]:
     """Run `fn(*args)` in a daemon thread now; the returned callable waits for it and returns
     its result, or raises what it raised (a query's start that fails before it waits
     leaves the thread to end on its own: its reads are bounded by their poll timeout)."""
-    done: list[T] = []
-    failed: list[BaseException] = []
+    result: Future[T] = Future()
 
     def run() -> None:
         try:
-            done.append(fn(*args))
+            result.set_result(fn(*args))
         except BaseException as e:  # re-raised by the waiter
-            failed.append(e)
+            result.set_exception(e)
 
-    thread = threading.Thread(target=run, name=f"kwal-{getattr(fn, '__name__', 'task')}", daemon=True)
-    thread.start()
-
-    def wait() -> T:
-        thread.join()
-        if failed:
-            raise failed[0]
-        return done[0]
-
-    return wait
+    name = f"kwal-{getattr(fn, '__name__', 'task')}"
+    threading.Thread(target=run, name=name, daemon=True).start()
+    return result.result
 
 
 def check_output(delta_output: str, work: str, tables: Sequence[str]) -> None:
