@@ -48,7 +48,7 @@ from infra.config import KwalConfig
 from ops.bench.chained import Measured, measure_chained
 from ops.bench.kafka import bench_kafka
 from ops.bench.report import emit, percentile, ratio
-from ops.bench.saturated import bench_raw_kafka, bench_saturated
+from ops.bench.saturated import BIG_CLIENTS, BIG_INFLIGHT, bench_raw_kafka, bench_saturated
 
 CLIENTS = (1, 16, 64)
 DB, TABLE = "bench", "t"
@@ -113,7 +113,7 @@ def _bench_kwal(
     saturated_seconds: float = 0.0,
     chained: bool = True,
     one_row: bool = True,
-    big_inflight: int = 16,
+    big_inflight: int = BIG_CLIENTS * BIG_INFLIGHT,
 ) -> None:
     from infra.topics import ensure_topics
     from producers import Client
@@ -239,7 +239,7 @@ def run(args: Any, cfg: KwalConfig) -> int:
     saturated_seconds = float(getattr(args, "saturated_seconds", 60.0) or 0.0)
     saturated_only = bool(getattr(args, "saturated_only", False))
     one_row = not bool(getattr(args, "only_1000row", False))
-    big_inflight = int(getattr(args, "big_inflight", 16))
+    big_inflight = int(getattr(args, "big_inflight", BIG_CLIENTS * BIG_INFLIGHT))
     workdir = Path(tempfile.mkdtemp(prefix="kwal-bench-commit-"))
     out: dict[str, Any] = {"bench": "commit", "seconds": seconds, "clients": list(CLIENTS)}
     with bench_kafka(cfg, "commit") as (cfg, where, _broker):
