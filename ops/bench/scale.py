@@ -11,7 +11,11 @@
 3. then raw Kafka: the same transactions' Arrow batches produced to a topic by one
    plain producer (acks=all) for `--kafka-seconds`: the rows/s no TN beats here;
 4. then a CN process bootstraps from the newest checkpoint, follows the logtail to its
-   end and reads the whole table as a stream (`ops.bench.cn_read.measure_cn_read`).
+   end and reads the whole table as a stream (`ops.bench.cn_read.measure_cn_read`);
+5. then a new TN process restarts on the whole history (recovery from the newest
+   checkpoint and the WAL after it, as `kwal tn run` does), commits one probe
+   transaction and samples its RSS: a restart must not rebuild what the history
+   holds (issue 33: no full in-memory index).
 
 Figures (ONE JSON line): `tn_bytes_per_row_retained` (least-squares slope of RSS
 after checkpoints over rows committed, from `--slope-from` rows on; target <= 16),
@@ -20,7 +24,11 @@ after checkpoints over rows committed, from `--slope-from` rows on; target <= 16
 `kafka_rows_per_s`, `gc_share_early` / `gc_share_late` (the collector's share of the
 wall time in those two segments), `index_entries_last` (the key index's size at
 the last point), and step 4's `cn_rss_mb_before_read`, `cn_read_peak_rss_growth_mb`
-(target <= 512), `cn_read_rows`, `cn_read_seconds`.
+(target <= 512), `cn_read_rows`, `cn_read_seconds`, and step 5's `tn_restart_s`
+(process start to the probe's commit, imports excluded), `tn_restart_rss_mb` (after the
+probe; `tn_restart_rss_mb_before`: the same process before recovery, its imports and
+Kafka clients) and `tn_restart_index_entries` / `tn_restart_rows_in_memory` (what
+recovery put in the key index and in unflushed blocks).
 
 Beside them, two figures that the machine's load moves less: `cpu_s_per_mrow_early` /
 `_late` and `cpu_per_row_late_vs_early` (the TN process's CPU seconds per million rows
@@ -317,6 +325,53 @@ def _tn_child(cfg: KwalConfig, params: dict[str, Any], out: Any) -> None:
     )
 
 
+def _restart_child(cfg: KwalConfig, out: Any) -> None:
+    """Step 5 in a fresh process; puts its figures on `out`."""
+    import logging
+
+    from infra.objectstore import open_store
+    from tn.checkpoint.recovery import recover
+    from tn.logstore.driver import LogStore
+    from tn.logstore.kafka_backend import KafkaDriver
+
+    logging.getLogger("tn.logstore.kafka_backend").setLevel(logging.WARNING)
+    before = _rss_bytes()
+    t0 = time.perf_counter()
+    log = LogStore(KafkaDriver(cfg, delete_records=None, retention_policy="warn"))
+    rec = recover(log, open_store(cfg.objectstore))
+    eng = rec.engine
+    probe = eng.begin()
+    # a key no bench client uses (they count up from 0): a write of the restarted TN
+    probe.insert(DB, TABLE, [{"id": -1, "v": "probe", "n": 0.0}])
+    probe.commit().result(60)
+    restart_s = time.perf_counter() - t0
+    t = eng.catalog.table(eng.catalog.database(DB, eng.visible_ts), TABLE, eng.visible_ts)  # type: ignore[arg-type]
+    out.put(
+        {
+            "tn_restart_s": round(restart_s, 3),
+            "tn_restart_rss_mb_before": round(before / 2**20, 1),
+            "tn_restart_rss_mb": round(_rss_bytes() / 2**20, 1),
+            "tn_restart_index_entries": len(t.mem.index) if t is not None else -1,
+            "tn_restart_rows_in_memory": _rows_in_memory(t),
+            "tn_restart_replayed": rec.replayed,
+        }
+    )
+    eng.close()
+    log.close()
+
+
+def _in_child(target: Any, *args: Any) -> dict[str, Any]:
+    """Run `target(*args, queue)` in a spawned process (its RSS is its own) and return
+    what it put on the queue."""
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    child = ctx.Process(target=target, args=(*args, q), daemon=True)
+    child.start()
+    got: dict[str, Any] = q.get()
+    child.join(60)
+    return got
+
+
 class _CpuTally:
     """CPU seconds of the calls wrapped by `wrap`, summed over threads."""
 
@@ -454,13 +509,10 @@ def measure(cfg: KwalConfig, params: dict[str, Any]) -> dict[str, Any]:
         objects = dataclasses.replace(cfg.objectstore, url=f"file://{Path(tmp) / 'objects'}")
         cfg = dataclasses.replace(cfg, objectstore=objects)
         ensure_topics(cfg)
-        ctx = mp.get_context("spawn")
-        q = ctx.Queue()
-        child = ctx.Process(target=_tn_child, args=(cfg, params, q), daemon=True)
-        child.start()
-        got = q.get()
-        child.join(60)
+        got = _in_child(_tn_child, cfg, params)
         cn = measure_cn_read(cfg, f"{DB}.{TABLE}")
+        _log("TN restart on the history")
+        restart = _in_child(_restart_child, cfg)
     points, marks = got["points"], got["marks"]
     start = params["slope_from"] or min(1_000_000, params["rows"] // 4)
     slope = _slope(points, start)
@@ -492,6 +544,7 @@ def measure(cfg: KwalConfig, params: dict[str, Any]) -> dict[str, Any]:
         "checkpoints": got["checkpoints"],
         "txn_errors": got["error_count"],
         **cn,
+        **restart,
     }
     ck = [c for c in got["ckpts"] if c[1] > 0]
     if ck:  # [rows committed, rows in memory, wall s, CPU s, prune CPU s, CPU us per row]
