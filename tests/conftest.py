@@ -15,6 +15,8 @@
 from __future__ import annotations
 
 import os
+import shutil
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,7 +30,26 @@ from infra.config import KwalConfig, ObjectStoreConfig
 from infra.objectstore import S3Store
 from infra.processes import ServerProcess, log_tail
 
-LOG_DIR = Path(os.environ.get("KWAL_TEST_LOG_DIR", "/tmp/kwal-test-logs"))
+# Every server a test run starts keeps its log and data under one directory of the run's
+# own, `$KWAL_TEST_LOG_DIR/session-<time>-<pid>` (default root /tmp/kwal-test-logs). A run
+# that passes removes it at its end; a failed run keeps it for debugging and names it in
+# its summary. Under xdist the controller imports this module before it starts its
+# workers, so they inherit its directory through the environment: one per run, and
+# concurrent runs (the Apache Kafka phase and the Tansu subset of `.ci/run`) never share
+# one, so a run deletes nothing another is using.
+_SESSION_DIR_ENV = "KWAL_TEST_SESSION_DIR"
+
+
+def _session_log_dir() -> Path:
+    chosen = os.environ.get(_SESSION_DIR_ENV)
+    if not chosen:
+        root = Path(os.environ.get("KWAL_TEST_LOG_DIR", "/tmp/kwal-test-logs"))
+        chosen = str(root / f"session-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
+        os.environ[_SESSION_DIR_ENV] = chosen
+    return Path(chosen)
+
+
+LOG_DIR = _session_log_dir()
 TEST_BROKER = os.environ.get("KWAL_TEST_BROKER", DEFAULT_BROKER)
 
 # JVM flags for the JVMs the suite starts (a value already in the environment wins). The
@@ -91,9 +112,13 @@ def pytest_configure_node(node: Any) -> None:
 
 def pytest_unconfigure(config: pytest.Config) -> None:
     global _shared_broker
-    if _shared_broker is not None and not hasattr(config, "workerinput"):
+    if hasattr(config, "workerinput"):
+        return
+    if _shared_broker is not None:
         _shared_broker.stop()
         _shared_broker = None
+    if _run_passed:  # every server of the run has stopped: nothing writes there now
+        shutil.rmtree(LOG_DIR, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
@@ -188,7 +213,7 @@ def kwal_config(kafka_bootstrap: str, tmp_path: Path) -> KwalConfig:
 def s3_server() -> Iterator[ServerProcess]:
     from infra.s3server import start_s3_server
 
-    server = start_s3_server(LOG_DIR)
+    server = start_s3_server(_log_dir())
     try:
         yield server
     finally:
@@ -248,15 +273,29 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     _spans[report.nodeid] = (name, min(first[1], report.start), max(first[2], report.stop))
 
 
-def pytest_sessionfinish(session: pytest.Session) -> None:
+# whether the run passed (the controller's, or a run without xdist): its servers' log
+# directory is removed at its end only then (LOG_DIR)
+_run_passed = False
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    global _run_passed
+    if hasattr(session.config, "workerinput"):  # an xdist worker: not the controller
+        return
+    _run_passed = exitstatus == 0
     target = os.environ.get("KWAL_TEST_DURATIONS")
-    if not target or hasattr(session.config, "workerinput"):  # an xdist worker: not the controller
+    if not target:
         return
     rows = sorted(_durations.items(), key=lambda kv: -kv[1])
     Path(target).write_text("".join(
         f"{s:.2f}\t{nodeid}\t{_spans[nodeid][0]}\t{_spans[nodeid][1]:.1f}\t{_spans[nodeid][2]:.1f}\n"
         for nodeid, s in rows
     ))
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int) -> None:
+    if exitstatus != 0 and LOG_DIR.exists():
+        terminalreporter.write_line(f"logs and data of the servers this run started: {LOG_DIR}")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
