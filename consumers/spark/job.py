@@ -200,11 +200,8 @@ def start_query(
             # fell behind the truncation: the job's state cannot be continued past the gap
             log.warning("Spark CN %s: %s; starting again from the newest checkpoint", output,
                         _lost_where(lost, names))
-            delete_job_state(spark, delta_output)  # first: a crash after it resumes nothing
             state = None
-            discard_output(output, ckpt, sorted(set(prog.tables) | set(table_topics)))
-            if delta_output.startswith("s3a://"):  # discard_output removes local ones only
-                _delete_delta(spark, delta_output, sorted(set(prog.tables) | set(table_topics)))
+            discard_job(spark, delta_output, output, ckpt, sorted(set(prog.tables) | set(table_topics)))
             prog = None
     if prog is None:
         lows = low_watermarks(bootstrap, topics, options)
@@ -356,8 +353,23 @@ def check_continuation(
         )
 
 
+def discard_job(spark: Any, delta_output: str, work: Path, ckpt: Path, tables: list[str]) -> None:
+    """Forget everything a job wrote, before it starts again from a checkpoint:
+    1. its resume point `_kwal_job` (first: a crash after it resumes nothing);
+    2. the work directory's state and Spark's checkpoint (`discard_output`), with the
+       Delta tables when they are under the work directory;
+    3. the Delta tables under an output that is not the work directory (s3a://, or a
+       local `--output` beside a `--work-dir`): a table left there would keep rows the
+       checkpoint no longer has."""
+    delete_job_state(spark, delta_output)  # 1.
+    discard_output(work, ckpt, tables)  # 2.
+    if delta_output.startswith("s3a://") or Path(delta_output).resolve() != work.resolve():
+        _delete_delta(spark, delta_output, tables)  # 3.
+
+
 def _delete_delta(spark: Any, delta_output: str, tables: Sequence[str]) -> None:
-    """Remove the Delta tables of `tables` (every incarnation) under an s3a:// output."""
+    """Remove the Delta tables of `tables` (every incarnation) under `delta_output`,
+    through Hadoop's filesystem (local paths and s3a:// alike)."""
     from consumers.spark.delta_reader import incarnation_paths
 
     jvm = spark.sparkContext._jvm

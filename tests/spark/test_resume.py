@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from consumers.spark.progress import Progress
+from consumers.spark.progress import PROGRESS, Progress
 from consumers.spark.resume import committed_offsets, lost_positions, resume_positions
 
 META = json.dumps({"batchWatermarkMs": 0, "batchTimestampMs": 1, "conf": {}})
@@ -93,3 +94,29 @@ def test_a_tables_resume_offset_is_its_oldest_batch_with_a_change_above_delta_ts
         note_offsets(tp, b, stats([(INSERT, 20 + b, 100 + b, None)]))
     assert len(tp.offsets) <= 32 and resume_offset(prog, tp) == 105
     assert max(e[2] for e in tp.offsets) == 79
+
+
+def test_a_job_starting_again_from_a_checkpoint_discards_its_delta_tables(
+    spark: Any, tmp_path: Path
+) -> None:
+    """`discard_job` (a job that fell behind the truncation starts again from a
+    checkpoint) with a local `--output` beside its `--work-dir`: the Delta tables of its
+    tables go, every incarnation (a table left behind would keep rows the checkpoint no
+    longer has), with the resume point and the work directory's state; another job's
+    table under the same output stays. (An output that is the work directory:
+    tests/lifecycle/test_cn_behind.py.)"""
+    import pyarrow as pa
+    from deltalake import write_deltalake
+
+    from consumers.spark.job import discard_job
+    from consumers.spark.job_state import JOB_STATE
+
+    work, output = tmp_path / "work", tmp_path / "delta"
+    for name in ("db.a", "db.a@7", "db.b", "db.c", JOB_STATE):
+        write_deltalake(str(output / name), pa.table({"id": [1]}))  # Delta tables, no Spark job
+    (work / PROGRESS).mkdir(parents=True)
+    ckpt = work / "_checkpoint"
+    ckpt.mkdir()
+    discard_job(spark, str(output), work, ckpt, ["db.a", "db.b"])
+    assert sorted(p.name for p in output.iterdir()) == ["db.c"]
+    assert not (work / PROGRESS).exists() and not ckpt.exists()
