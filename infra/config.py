@@ -129,6 +129,10 @@ class WalConfig:
     retention_floor_check_s: float = 5.0
     retention_headroom_s: float = 60.0
     retention_headroom_bytes: int = 256 << 20
+    # compression.type of the TN's producer (the WAL, and the logtail and results where
+    # they ride the WAL's transactional bus): none | lz4 | zstd | snappy | gzip
+    # (docs/perf-commit.md, "2026-11-27 (3)")
+    compression: str = "none"
 
 
 @dataclass

@@ -97,6 +97,27 @@ def process_cpu_s(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def threads_cpu_s(pid: int, name_prefixes: Sequence[str]) -> float | None:
+    """CPU seconds so far of process `pid`'s threads alive now whose name (/proc's `comm`,
+    15 characters) starts with one of `name_prefixes` (a JVM's "C2 CompilerThre", say);
+    None where /proc does not tell."""
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return None
+    ticks = 0
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/comm") as f:
+                name = f.read().strip()
+        except OSError:
+            continue  # the thread ended
+        fields = _stat_fields(f"{pid}/task/{tid}") if name.startswith(tuple(name_prefixes)) else None
+        if fields is not None:
+            ticks += int(fields[11]) + int(fields[12])
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
 def process_tree_cpu_s(root: int) -> float | None:
     """CPU seconds so far of `root` and every descendant alive now, each with the children
     it has reaped (a finished worker); None where /proc does not tell about `root`.

@@ -114,6 +114,7 @@ def _bench_kwal(
     chained: bool = True,
     one_row: bool = True,
     big_inflight: int = BIG_CLIENTS * BIG_INFLIGHT,
+    broker_pid: int | None = None,
 ) -> None:
     from infra.topics import ensure_topics
     from producers import Client
@@ -145,6 +146,7 @@ def _bench_kwal(
                 out,
                 one_row,
                 big_inflight,
+                broker_pid,
             )
         for n in CLIENTS if chained else ():
             workers = [Client(cfg, client_id=f"bench-{n}-{i}") for i in range(n)]
@@ -242,7 +244,7 @@ def run(args: Any, cfg: KwalConfig) -> int:
     big_inflight = int(getattr(args, "big_inflight", BIG_CLIENTS * BIG_INFLIGHT))
     workdir = Path(tempfile.mkdtemp(prefix="kwal-bench-commit-"))
     out: dict[str, Any] = {"bench": "commit", "seconds": seconds, "clients": list(CLIENTS)}
-    with bench_kafka(cfg, "commit") as (cfg, where, _broker):
+    with bench_kafka(cfg, "commit") as (cfg, where, broker):
         out["broker"] = where
         wal = dataclasses.replace(cfg.wal)
         if wal.backend == "file":
@@ -251,7 +253,15 @@ def run(args: Any, cfg: KwalConfig) -> int:
         out["wal_backend"] = wal.backend
         bench_raw_kafka(cfg, seconds, out)
         _bench_kwal(
-            cfg, seconds, out, workdir, saturated_seconds, not saturated_only, one_row, big_inflight
+            cfg,
+            seconds,
+            out,
+            workdir,
+            saturated_seconds,
+            not saturated_only,
+            one_row,
+            big_inflight,
+            broker.pid if broker is not None else None,
         )
         if saturated_only:
             emit(out)

@@ -5,7 +5,12 @@
    the previous one's result arrives), for the phase's seconds; p50/p99 of the commit
    latency beside it (``p50_ms_saturated_1row``, ``p99_ms_saturated_1row``).
 2. ``rows_per_s_1000row``: `BIG_CLIENTS` clients x `BIG_INFLIGHT` transactions in flight,
-   1,000 rows each (``txn_per_s_1000row``, p50/p99 beside it).
+   1,000 rows each (``txn_per_s_1000row``, p50/p99 beside it), and the CPU per row of
+   each process on the path over the phase: ``tn_cpu_us_per_row_1000row``,
+   ``clients_cpu_us_per_row_1000row`` (this process), ``broker_cpu_us_per_row_1000row``
+   (the local broker the bench started, all its threads) and, part of that,
+   ``broker_jit_cpu_us_per_row_1000row`` (its JIT compiler threads: a fresh JVM still
+   compiles in this phase).
    ``tn_cpu_us_per_commit_1row`` / ``client_cpu_us_per_commit_1row``: CPU seconds the TN
    (and this process, the clients) used per commit over the phase -- the figure that
    stays meaningful on a loaded machine, where rates swing with the neighbours.
@@ -31,6 +36,7 @@ from typing import Any
 from confluent_kafka import Producer
 
 from infra.config import KwalConfig
+from infra.processes import process_tree_cpu_s, threads_cpu_s
 from ops.bench.chained import Measured, measure_chained
 from ops.bench.report import percentile
 
@@ -85,6 +91,21 @@ class RssSampler:
         return self.samples
 
 
+# the JVM's just-in-time compiler threads: a fresh broker's warm-up, not per-row work
+JIT_THREADS = ("C1 CompilerThre", "C2 CompilerThre")
+
+
+def _phase_cpu(
+    tn_pid: int, broker_pid: int | None
+) -> tuple[float, float, float | None, float | None]:
+    """CPU seconds so far of the TN, of this process (the clients), of the broker's
+    process tree and of its JIT compiler threads (None: no local broker)."""
+    if broker_pid is None:
+        return cpu_s(tn_pid), sum(os.times()[:2]), None, None
+    broker, jit = process_tree_cpu_s(broker_pid), threads_cpu_s(broker_pid, JIT_THREADS)
+    return cpu_s(tn_pid), sum(os.times()[:2]), broker, jit
+
+
 def _record(out: dict[str, Any], name: str, m: Measured, rows: int) -> None:
     done, elapsed, samples, errors = m
     tps = done / elapsed if elapsed else 0.0
@@ -112,12 +133,14 @@ def bench_saturated(
     out: dict[str, Any],
     one_row: bool = True,
     big_inflight: int = BIG_CLIENTS * BIG_INFLIGHT,
+    broker_pid: int | None = None,
 ) -> None:
     """Phases 1-3 against a running TN (pid `tn_pid`), inserting into `table`; without
     `one_row` (``--only-1000row``) the 1,000-row phase alone (to profile it).
     `big_inflight` (``--big-inflight``): 1,000-row transactions in flight in all, over
     up to `BIG_CLIENTS` clients (the TN's CPU per row depends on it: fewer in flight,
-    fewer requests share a group and a Kafka transaction)."""
+    fewer requests share a group and a Kafka transaction). `broker_pid`: the local
+    broker the bench started (its CPU per row is reported beside the TN's), or None."""
     from producers import Client
 
     clients = [Client(cfg, client_id=f"bench-sat-{i}") for i in range(SAT_CLIENTS)]
@@ -153,6 +176,7 @@ def bench_saturated(
                 f"end {out['tn_rss_mb_end']} MiB"
             )
 
+        import numpy as np
         import pyarrow as pa
 
         out["big_clients"] = min(BIG_CLIENTS, big_inflight)
@@ -160,23 +184,39 @@ def bench_saturated(
 
         def thousand(i: int) -> Future[Any]:
             c = clients[i % BIG_CLIENTS]
-            first = next(ids)
-            for _ in range(BIG_ROWS - 1):
-                next(ids)
+            # its BIG_ROWS ids in one call (C, under the GIL: no other thread takes one
+            # in between); the last of them, less BIG_ROWS - 1, is the first
+            first = next(itertools.islice(ids, BIG_ROWS - 1, None)) - (BIG_ROWS - 1)
+            # numpy, not Python ranges: making the rows is the caller's work, not kwal's, and
+            # from Python lists it was half of this process's CPU per row
             rows = pa.table(
                 {
-                    "id": pa.array(range(first, first + BIG_ROWS), pa.int64()),
-                    "v": pa.array([i] * BIG_ROWS, pa.int64()),
+                    "id": pa.array(np.arange(first, first + BIG_ROWS, dtype=np.int64)),
+                    "v": pa.array(np.full(BIG_ROWS, i, dtype=np.int64)),
                 }
             )
             return c.begin().insert(table, rows).commit_async()
 
         _log(f"1000row: {seconds:g} s from now")
-        tn_cpu0 = cpu_s(tn_pid)
+        cpu0 = _phase_cpu(tn_pid, broker_pid)
         m = measure_chained(big_inflight, seconds, thousand)
         if m[0]:
-            out["tn_cpu_us_per_row_1000row"] = round(
-                (cpu_s(tn_pid) - tn_cpu0) / m[0] / BIG_ROWS * 1e6, 2
+            # CPU per row of every process on the path: the TN, the clients (this
+            # process), the local broker (when the bench started it)
+            cpu = _phase_cpu(tn_pid, broker_pid)
+            for name, before, after in zip(
+                ("tn", "clients", "broker", "broker_jit"), cpu0, cpu, strict=True
+            ):
+                if before is not None and after is not None:
+                    out[f"{name}_cpu_us_per_row_1000row"] = round(
+                        (after - before) / m[0] / BIG_ROWS * 1e6, 2
+                    )
+            _log(
+                "CPU per row: "
+                + ", ".join(
+                    f"{n} {out.get(f'{n}_cpu_us_per_row_1000row')} us"
+                    for n in ("tn", "clients", "broker", "broker_jit")
+                )
             )
         _record(out, "1000row", m, BIG_ROWS)
     finally:

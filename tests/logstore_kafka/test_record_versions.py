@@ -1,10 +1,12 @@
 """WAL record format versions on a real Kafka WAL topic: records written in the old
 formats (version 1, one Avro + Arrow payload per entry; version 2, one columnar payload
-per record) replay beside version 3 records (one-block appends as int64 columns), and a record of an unknown version stops the opening
+per record) replay beside version 3 records (one-block appends as int64 columns; these
+compressed, `wal.compression`), and a record of an unknown version stops the opening
 with an error naming the version and the record."""
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 
@@ -92,8 +94,10 @@ def test_old_format_records_replay_beside_new_ones(wal_config: KwalConfig) -> No
     state_v2 = physical_state(engine.catalog)
     engine.close()
     log.close()
-    # 3. today's writer replays both, then appends version 3 records
-    log = LogStore(KafkaDriver(wal_config, delete_records=False))
+    # 3. today's writer replays both, then appends version 3 records, lz4-compressed
+    # (`wal.compression`; readers need no setting)
+    lz4 = dataclasses.replace(wal_config, wal=dataclasses.replace(wal_config.wal, compression="lz4"))
+    log = LogStore(KafkaDriver(lz4, delete_records=False))
     engine = Engine.recover(log)
     assert physical_state(engine.catalog) == state_v2
     _commit_concurrently(engine, 200_000)
@@ -106,7 +110,7 @@ def test_old_format_records_replay_beside_new_ones(wal_config: KwalConfig) -> No
     # the new records did group several entries into one columnar payload
     assert max(n for v, n in versions if v == RECORD_V2) > 1
     assert max(n for v, n in versions if v == RECORD_V3) > 1
-    # 4. the three versions replay into the same state, rows and all
+    # 4. the three versions, compressed or not, replay into the same state, rows and all
     log = LogStore(KafkaDriver(wal_config, delete_records=False))
     engine = Engine.recover(log)
     try:
