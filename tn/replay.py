@@ -16,6 +16,8 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import pyarrow as pa
+
 from schemas.arrow_ipc import ipc_to_table
 from schemas.codec import decode_entry
 from schemas.wal import Append, CatalogKind, Delete, TableSchema, UpdateCatalog, WalEntry
@@ -252,7 +254,8 @@ def _add(run: _Run, group: Group, s: int, e: int) -> None:
     a = group.appends
     t = run.table
     schema = t.schemas[-1][1]
-    cols, keys = _columns(group.streams[a[A_BATCH][s]], schema)
+    b = a[A_BATCH][s]
+    cols, keys = _columns(group.streams[b], schema, group.tables[b])
     src, dest, cts = a[A_ROW][s:e], a[A_DEST][s:e], a[A_CTS][s:e]
     ns = a[A_ROWS][s:e]
     if max(ns) > 1:  # multi-row entries: one element per row
@@ -288,13 +291,17 @@ def _add(run: _Run, group: Group, s: int, e: int) -> None:
 _last: tuple[bytes, TableSchema, dict[int, list[Any]], list[Any]] | None = None
 
 
-def _columns(data: bytes, schema: TableSchema) -> tuple[dict[int, list[Any]], list[Any]]:
-    """An Append batch's columns by column id, and its primary keys, for `schema`."""
+def _columns(
+    data: bytes, schema: TableSchema, batch: pa.Table | None = None
+) -> tuple[dict[int, list[Any]], list[Any]]:
+    """An Append batch's columns by column id, and its primary keys, for `schema`
+    (`batch`: `data` as already read, by the record's decoding)."""
     global _last
     last = _last
     if last is not None and last[0] is data and last[1] is schema:
         return last[2], last[3]
-    batch = ipc_to_table(data, validate=False)
+    if batch is None:
+        batch = ipc_to_table(data, validate=False)
     cols = columns_of(schema, batch)
     keys = cols.get(schema.column(schema.primary_key).column_id)
     if keys is None:
