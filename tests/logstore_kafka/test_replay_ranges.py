@@ -64,7 +64,9 @@ def reference(
     return entries, [(a, b, c, d, e) for a, b, c, d, e in segs], sorted(found), head, zombies
 
 
-def check(recs: list[StoredRecord], truncated: int = 0, bases: Mapping[int, int] | None = None) -> None:
+def check(
+    recs: list[StoredRecord], truncated: int = 0, bases: Mapping[int, int] | None = None
+) -> None:
     bases = bases or {}
     entries, segs, tail, head, zombies = reference(recs, truncated, bases)
     r = replay(recs, truncated, bases, epoch=99)
