@@ -240,13 +240,13 @@ def _gather(
             if any(x != run.table.id for x in tables[s:e]):
                 raise ReplayError(f"WAL appends into block {b} name several tables")
         _add(run, group, s, e)
+        out.memos += [(b,)] * (e - s)  # one memo tuple per part, shared by its entries
         s = e
     cts = a[A_CTS][i0:i1]
     out.max_id = max(out.max_id, *(max(a[c][i0:i1]) for c in (A_DB, A_TABLE, A_SEGMENT, A_BLOCK)))
     out.last_ts = max(out.last_ts, max(cts))
     out.lsns.extend(a[A_LSN][i0:i1])
     out.cts.extend(cts)
-    out.memos.extend([(b,) for b in blocks[i0:i1]])
     return run
 
 
