@@ -188,6 +188,10 @@ def apply_groups(cat: Catalog, runs: Sequence[tuple[Group, int, int]]) -> Applie
             run = _gather(cat, group, at, i1, out, run)
     if run is not None:
         run.place()
+    for group, _, _ in runs:
+        # every row is placed: the batches as decoding read them are let go (~1.7 kB a
+        # record), the decoded record itself stays with whoever holds it (the driver)
+        group.tables = [None] * len(group.streams)
     return out
 
 

@@ -144,6 +144,7 @@ def test_a_run_takes_rows_out_of_batch_order() -> None:
         apply_entry(fresh.catalog, decode_entry(r.payload))
     done = apply_groups(fresh.catalog, [(group, appends[0].lsn, appends[-1].lsn)])
     assert done.lsns == [r.lsn for r in appends] and done.memos[0] == (group.appends[A_BLOCK][0],)
+    assert group.tables == [None]  # the batch as read is let go once its rows are placed
     t = next(n for n in fresh.catalog.nodes.values() if isinstance(n, TableNode) and n.name == "t")
     blk = next(n for n in fresh.catalog.nodes.values() if isinstance(n, BlockNode))
     assert blk.mem.cols[t.mem.pk_cid()][:4] == [9, 12, 11, 10]
