@@ -31,7 +31,7 @@ format (`kwal.version`; absent means 1):
 The entries decoded from any version are the same `WalEntry` values, up to the
 sharing of a batch (and its offsets). A decoded version 2 or 3 record is a `Group`:
 its entries (`entries()`), and for replay its ``appends`` columns and its other
-entries apart.
+entries apart, and its batches as decoding read (and validated) them.
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 
 from schemas.arrow_ipc import ipc_to_table, join_stream, split_stream, table_to_ipc
 from schemas.codec import (
@@ -275,10 +276,12 @@ class Group:
     """A decoded version 2 or 3 record: ``appends`` (version 3's one-block Append
     entries: `APPEND_COLUMNS`, each a list of the entries' values; ``[]`` when none, as
     in version 2), ``others``
-    (every other entry, decoded, in LSN order) and ``streams`` (the Arrow IPC batches
-    their rows are in). `entries()`: all of them as `WalEntry` values, in LSN order."""
+    (every other entry, decoded, in LSN order), ``streams`` (the Arrow IPC batches
+    their rows are in) and ``tables`` (those batches as decoding read and validated
+    them; None for one no entry names). `entries()`: all of them as `WalEntry` values,
+    in LSN order."""
 
-    __slots__ = ("appends", "others", "streams", "first", "count", "_entries")
+    __slots__ = ("appends", "others", "streams", "first", "count", "tables", "_entries")
 
     def __init__(
         self,
@@ -287,8 +290,10 @@ class Group:
         streams: list[bytes],
         first: int,
         count: int,
+        tables: list[pa.Table | None] | None = None,
     ) -> None:
         self.appends = appends
+        self.tables = tables if tables is not None else [None] * len(streams)
         self.others = others
         self.streams = streams
         self.first = first
@@ -349,8 +354,8 @@ def decode_group(value: bytes, version: int, first: int, count: int, where: str 
     try:
         streams: list[bytes] = group["batches"]
         records: list[dict[str, Any]] = group["entries"]
-        rows = [-1] * len(streams)  # each batch's row count, once asked
-        appends = _appends_in(group["appends"], streams, rows) if version == RECORD_V3 else []
+        tables: list[pa.Table | None] = [None] * len(streams)  # each batch, once read
+        appends = _appends_in(group["appends"], streams, tables) if version == RECORD_V3 else []
         k = len(appends[A_LSN]) if appends else 0
         if len(records) + k != count:
             raise DecodeError(f"holds {len(records) + k} entries, its header says {count}")
@@ -359,7 +364,7 @@ def decode_group(value: bytes, version: int, first: int, count: int, where: str 
         others = []
         for record in records:
             commands = tuple(
-                _append_in(command, streams, rows, dests)
+                _append_in(command, streams, tables, dests)
                 if cname == append_name
                 else command_in(_V1_NS + cname[len(ns) :], command)
                 for cname, command in record["commands"]
@@ -368,7 +373,7 @@ def decode_group(value: bytes, version: int, first: int, count: int, where: str 
             txn = TxnContext(t["start_ts"], t["commit_ts"], tuple(map(dests.get, t["memo"])))
             others.append(WalEntry(record["lsn"], txn, commands))
         _check_lsns(appends[A_LSN] if k else [], [e.lsn for e in others], first, count)
-        return Group(appends, others, streams, first, count)
+        return Group(appends, others, streams, first, count, tables)
     except (KeyError, TypeError, ValueError, IndexError) as e:
         raise DecodeError(f"{label}: garbled: {type(e).__name__}: {e}") from e
     except DecodeError as e:
@@ -393,7 +398,18 @@ def _check_lsns(appends: list[int], others: list[int], first: int, count: int) -
         raise DecodeError("the appends' LSNs are out of order or outside the record")
 
 
-def _appends_in(data: bytes, streams: list[bytes], rows: list[int]) -> list[list[int]]:
+def _table(streams: list[bytes], tables: list[pa.Table | None], b: int) -> pa.Table:
+    """Batch b of the record, read (and validated in full) once: replay takes its
+    columns from this read (`Group.tables`), not from a second one."""
+    table = tables[b]
+    if table is None:
+        table = tables[b] = ipc_to_table(streams[b])
+    return table
+
+
+def _appends_in(
+    data: bytes, streams: list[bytes], tables: list[pa.Table | None]
+) -> list[list[int]]:
     """A version 3 record's ``appends``: its columns as lists (`APPEND_COLUMNS` order),
     checked. Lists, not arrays: a record holds a few entries, where numpy's per-call
     cost would exceed the work."""
@@ -407,9 +423,7 @@ def _appends_in(data: bytes, streams: list[bytes], rows: list[int]) -> list[list
     used = set(cols[A_BATCH])
     if min(used) < 0 or max(used) >= len(streams):
         raise DecodeError(f"an Append names a batch outside the record's {len(streams)}")
-    for b in used:
-        if rows[b] < 0:
-            rows[b] = ipc_to_table(streams[b]).num_rows
+    rows = {b: _table(streams, tables, b).num_rows for b in used}
     if min(cols[A_ROW]) < 0 or min(cols[A_ROWS]) < 1:
         raise DecodeError("an Append's rows point outside its batch")
     for b, row, n in zip(cols[A_BATCH], cols[A_ROW], cols[A_ROWS], strict=True):
@@ -433,20 +447,19 @@ class _Dests(dict[tuple[int, int, int, int], Dest]):
 
 
 def _append_in(
-    command: dict[str, Any], streams: list[bytes], rows: list[int], dests: _Dests
+    command: dict[str, Any], streams: list[bytes], tables: list[pa.Table | None], dests: _Dests
 ) -> Append:
     b = command["batch"]
     if not 0 <= b < len(streams):
         raise DecodeError(f"an Append names batch {b}; the record has {len(streams)}")
-    if rows[b] < 0:
-        rows[b] = ipc_to_table(streams[b]).num_rows
+    rows = _table(streams, tables, b).num_rows
     base = command["row_base"]
     infos = []
     for i in command["infos"]:
         src = base + i["src_offset"]
-        if i["src_offset"] < 0 or i["src_length"] < 0 or src + i["src_length"] > rows[b]:
+        if i["src_offset"] < 0 or i["src_length"] < 0 or src + i["src_length"] > rows:
             raise DecodeError(
-                f"an Append's rows {src}..+{i['src_length']} point past batch {b}'s {rows[b]} rows"
+                f"an Append's rows {src}..+{i['src_length']} point past batch {b}'s {rows} rows"
             )
         infos.append(
             AppendInfo(

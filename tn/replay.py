@@ -16,6 +16,8 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import pyarrow as pa
+
 from schemas.arrow_ipc import ipc_to_table
 from schemas.codec import decode_entry
 from schemas.wal import Append, CatalogKind, Delete, TableSchema, UpdateCatalog, WalEntry
@@ -186,28 +188,41 @@ def apply_groups(cat: Catalog, runs: Sequence[tuple[Group, int, int]]) -> Applie
             run = _gather(cat, group, at, i1, out, run)
     if run is not None:
         run.place()
+    for group, _, _ in runs:
+        # every row is placed: the batches as decoding read them are let go (~1.7 kB a
+        # record), the decoded record itself stays with whoever holds it (the driver)
+        group.tables = [None] * len(group.streams)
     return out
 
 
 class _Run:
-    """Rows gathered for one block (`apply_groups`): where each lands, its commit ts, its
-    values by column id, its key."""
+    """Rows gathered for one block (`apply_groups`): where each lands, its commit ts, and
+    the Arrow batches (or slices of them) holding its values, in row order.
 
-    __slots__ = ("table", "block", "dest", "cts", "values", "keys")
+    Why batches, not Python lists: turning a record's few rows into lists cost a
+    `to_pylist` per column per record; the batches of a run (consecutive records filling
+    one block) are concatenated when it is placed, and turned into lists once."""
 
-    def __init__(self, table: TableNode, block: BlockNode, values: dict[int, list[Any]]) -> None:
+    __slots__ = ("table", "block", "dest", "cts", "pieces")
+
+    def __init__(self, table: TableNode, block: BlockNode) -> None:
         self.table = table
         self.block = block
         self.dest: list[int] = []
         self.cts: list[int] = []
-        self.values = values
-        self.keys: list[Any] = []
+        self.pieces: list[pa.Table] = []
 
     def place(self) -> None:
-        """Place and index the rows gathered."""
+        """Place and index the rows gathered (then the run is empty)."""
+        if not self.dest:
+            return
+        pieces = self.pieces
+        data = pieces[0] if len(pieces) == 1 else pa.concat_tables(pieces).combine_chunks()
+        cols, keys = _table_columns(data, self.table.schemas[-1][1])
         mem: TableData = self.table.mem  # type: ignore[assignment]  # the catalog names a Protocol
-        mem.place_rows(self.block, self.dest, self.values, self.cts, ABORTED_TS)
-        mem.index_insert_rows(self.keys, self.block, self.dest, self.cts)
+        mem.place_rows(self.block, self.dest, cols, self.cts, ABORTED_TS)
+        mem.index_insert_rows(keys, self.block, self.dest, self.cts)
+        self.dest, self.cts, self.pieces = [], [], []
 
 
 def _gather(
@@ -229,13 +244,13 @@ def _gather(
             if any(x != run.table.id for x in tables[s:e]):
                 raise ReplayError(f"WAL appends into block {b} name several tables")
         _add(run, group, s, e)
+        out.memos += [(b,)] * (e - s)  # one memo tuple per part, shared by its entries
         s = e
     cts = a[A_CTS][i0:i1]
     out.max_id = max(out.max_id, *(max(a[c][i0:i1]) for c in (A_DB, A_TABLE, A_SEGMENT, A_BLOCK)))
     out.last_ts = max(out.last_ts, max(cts))
     out.lsns.extend(a[A_LSN][i0:i1])
     out.cts.extend(cts)
-    out.memos.extend([(b,) for b in blocks[i0:i1]])
     return run
 
 
@@ -244,15 +259,16 @@ def _start(cat: Catalog, table_id: int, block_id: int) -> _Run:
     blk = _node(cat, block_id, BlockNode)
     if blk.segment.table is not t:
         raise ReplayError(f"WAL appends into block {blk.id} name another table than its own")
-    return _Run(t, blk, {})
+    return _Run(t, blk)
 
 
 def _add(run: _Run, group: Group, s: int, e: int) -> None:
     """Appends s..e-1 of the group (same block, same batch) join `run`."""
     a = group.appends
-    t = run.table
-    schema = t.schemas[-1][1]
-    cols, keys = _columns(group.streams[a[A_BATCH][s]], schema)
+    b = a[A_BATCH][s]
+    batch = group.tables[b]
+    if batch is None:
+        batch = ipc_to_table(group.streams[b], validate=False)
     src, dest, cts = a[A_ROW][s:e], a[A_DEST][s:e], a[A_CTS][s:e]
     ns = a[A_ROWS][s:e]
     if max(ns) > 1:  # multi-row entries: one element per row
@@ -261,26 +277,17 @@ def _add(run: _Run, group: Group, s: int, e: int) -> None:
         cts = [c for c, n in zip(cts, ns, strict=True) for _ in range(n)]
     n = len(src)
     s0 = src[0]
-    if src == list(range(s0, s0 + n)):  # the entries' rows follow each other in the batch
-        take: Any = slice(s0, s0 + n)
-        run_keys = keys[take]
+    if src != list(range(s0, s0 + n)):  # the entries' rows are not in batch order
+        piece = batch.take(src)
+    elif n == batch.num_rows:  # the whole batch (the common case: a record's rows)
+        piece = batch
     else:
-        take = src
-        run_keys = [keys[r] for r in src]
-    values = run.values
-    if run.dest and values.keys() != cols.keys():
-        # another set of columns than the rows gathered: those are placed first
-        run.place()
-        run.dest, run.cts, run.keys, values = [], [], [], {}
-        run.values = values
-    if not run.dest:
-        for cid in cols:
-            values[cid] = []
-    for cid, v in cols.items():
-        values[cid] += v[take] if type(take) is slice else [v[r] for r in take]
+        piece = batch.slice(s0, n)
+    if run.pieces and not piece.schema.equals(run.pieces[0].schema):
+        run.place()  # another set of columns than the rows gathered: those go first
+    run.pieces.append(piece)
     run.dest += dest
     run.cts += cts
-    run.keys += run_keys
 
 
 # The last batch's columns (`_columns`): since WAL record format 2 the entries of a record
@@ -294,12 +301,17 @@ def _columns(data: bytes, schema: TableSchema) -> tuple[dict[int, list[Any]], li
     last = _last
     if last is not None and last[0] is data and last[1] is schema:
         return last[2], last[3]
-    batch = ipc_to_table(data, validate=False)
+    cols, keys = _table_columns(ipc_to_table(data, validate=False), schema)
+    _last = (data, schema, cols, keys)
+    return cols, keys
+
+
+def _table_columns(batch: pa.Table, schema: TableSchema) -> tuple[dict[int, list[Any]], list[Any]]:
+    """A batch's columns as lists by column id, and its primary keys, for `schema`."""
     cols = columns_of(schema, batch)
     keys = cols.get(schema.column(schema.primary_key).column_id)
     if keys is None:
         keys = batch.column(schema.primary_key).to_pylist()
-    _last = (data, schema, cols, keys)
     return cols, keys
 
 

@@ -18,7 +18,9 @@ seconds) -- the driver also reads the pre-checkpoint records still in the topic
 (the embedded broker lacks DeleteRecords: truncation there is logical);
 `replay_apply_eps_<N>` = entries / seconds to decode and apply them;
 `raw_eps_<N>` = entries in the topic / raw consume seconds; `replay_vs_raw` =
-replay_eps / raw_eps at the largest N (target >= 0.5).
+replay_eps / raw_eps at the largest N (target >= 0.5). `driver_open_cpu_s_<N>`,
+`recover_cpu_s_<N>`, `recover_cpu_us_per_entry_<N>`: the process's CPU time in the
+opening and in recovery (less sensitive to a shared machine's load than wall time).
 
 (5) `restart_10x_vs_1x` (`restart_history`): restart time of a TN with ten times
 the WAL history truncated behind its newest checkpoint over one with one times,
@@ -214,9 +216,12 @@ def run(args: argparse.Namespace, cfg: KwalConfig) -> int:
             gc.collect()
             # (3) restart to serving
             t0 = time.perf_counter()
+            c0 = time.process_time()
             log, driver = open_log()
             t_open = time.perf_counter() - t0
+            c1 = time.process_time()
             rec = recover(log, store)
+            c2 = time.process_time()
             engine = rec.engine
             got = engine.read("bench", "t").num_rows
             txn = engine.begin()
@@ -230,6 +235,12 @@ def run(args: argparse.Namespace, cfg: KwalConfig) -> int:
             result[f"driver_open_s_{n}"] = round(t_open, 3)
             result[f"load_checkpoint_s_{n}"] = round(rec.load_s, 3)
             result[f"replay_s_{n}"] = round(rec.replay_s, 3)
+            # CPU seconds of this process (all its threads) while the driver opened and
+            # while recovery ran: on a shared machine they swing far less with the load
+            # than the wall times above
+            result[f"driver_open_cpu_s_{n}"] = round(c1 - c0, 3)
+            result[f"recover_cpu_s_{n}"] = round(c2 - c1, 3)
+            result[f"recover_cpu_us_per_entry_{n}"] = round(1e6 * (c2 - c1) / max(rec.replayed, 1), 2)
             result[f"replayed_{n}"] = rec.replayed
             # reading the topic (driver open minus its fixed cost) + decoding and applying
             replay_eps = rec.replayed / (max(t_open - open_fixed, 0.0) + rec.replay_s)

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import pytest
 
 from schemas.codec import decode_entry
-from schemas.wal_record import RECORD_V3, LazyGroup, encode_v2, encode_v3
+from schemas.wal_record import A_BLOCK, A_ROW, RECORD_V3, LazyGroup, encode_v2, encode_v3
 from tests.tn.helpers import new_engine, setup_table
 from tests.tn.test_replay import _workload
 from tn.catalog.nodes import ABORTED_TS, BlockNode, TableNode
@@ -19,7 +19,7 @@ from tn.engine import Engine
 from tn.exceptions import TnError
 from tn.logstore.driver import LogRecord, LogStore, RecordRun
 from tn.logstore.memory_backend import MemoryDriver
-from tn.replay import physical_state
+from tn.replay import apply_entry, apply_groups, physical_state
 
 # the workload's keys (tests.tn.test_replay._workload)
 _KEYS = {"t": [*range(9000), *range(100_000, 100_300)], "w": ["a", "b", "c"]}
@@ -81,11 +81,13 @@ def test_replay_a_record_at_a_time_reproduces_physical_state() -> None:
                 assert r.read(db, t).equals(data)
         # the key index: what entry-by-entry replay builds (block, row, ts, live) per key
         assert _indexes(r) == index, (size, version)
-    # and it serves the conflict check: a write older than the key's newest conflicts
+    # and it serves the conflict check: a write older than the key's newest conflicts (on
+    # a key live after the workload: its concurrent clients may have deleted any one key)
+    key = next(k for k, (_, _, _, live) in sorted(index["t"].items()) if live and k >= 100_000)
     stale = r.begin()
     fresh = r.begin()
-    stale.update("db", "t", [{"id": 100_001, "v": "stale"}])
-    fresh.delete("db", "t", [100_001])
+    stale.update("db", "t", [{"id": key, "v": "stale"}])
+    fresh.delete("db", "t", [key])
     fresh.commit().result(timeout=10)
     with pytest.raises(TnError) as err:
         stale.commit().result(timeout=10)
@@ -118,3 +120,34 @@ def test_bulk_place_refuses_taken_rows_and_rows_past_the_block() -> None:
     assert blk.mem.cts.tolist()[2:] == [ABORTED_TS, ABORTED_TS, 8, ABORTED_TS, 7]
     assert blk.mem.cols[cid][4] == 14 and blk.mem.cols[cid][6] == 16
     assert blk.mem.arrays(7)[2].to_pylist() == ["a", "b", None, None, "four", None, "six"]
+
+
+def test_a_run_takes_rows_out_of_batch_order() -> None:
+    """Appends whose rows are not in their batch's order (a batch's rows 2, 1, 0 into
+    block rows 1, 2, 3) land where their entries say: the run takes those rows of the
+    batch, not a slice of it."""
+    e, log = new_engine()
+    setup_table(e)
+    for k in (9, 10, 11, 12):  # 9 creates the block (an entry that is not an `appends` row)
+        txn = e.begin()
+        txn.insert("db", "t", [{"id": k, "v": f"v{k}"}])
+        txn.commit().result(timeout=10)
+    records = list(log.records())
+    e.close()
+    ddl, appends = records[:-3], records[-3:]
+    value = encode_v3([decode_entry(r.payload) for r in appends], appends[0].lsn)
+    group = LazyGroup(value, RECORD_V3, appends[0].lsn, 3, "test").group()
+    assert group.appends[A_ROW] == [0, 1, 2] and group.tables[0] is not None
+    group.appends[A_ROW] = [2, 1, 0]  # entry i now takes the batch's row 2 - i
+    fresh = Engine(LogStore(MemoryDriver()))
+    for r in ddl:
+        apply_entry(fresh.catalog, decode_entry(r.payload))
+    done = apply_groups(fresh.catalog, [(group, appends[0].lsn, appends[-1].lsn)])
+    assert done.lsns == [r.lsn for r in appends] and done.memos[0] == (group.appends[A_BLOCK][0],)
+    assert group.tables == [None]  # the batch as read is let go once its rows are placed
+    t = next(n for n in fresh.catalog.nodes.values() if isinstance(n, TableNode) and n.name == "t")
+    blk = next(n for n in fresh.catalog.nodes.values() if isinstance(n, BlockNode))
+    assert blk.mem.cols[t.mem.pk_cid()][:4] == [9, 12, 11, 10]
+    found = t.mem.lookup_many([10, 12])
+    assert (found[12][1], found[10][1]) == (1, 3)  # the key index names the same rows
+    fresh.close()

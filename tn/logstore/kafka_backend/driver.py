@@ -103,6 +103,7 @@ from tn.logstore.kafka_backend.headers import (
 from tn.logstore.kafka_backend.kio import Pump, produce_wait, read_until, reader_conf
 from tn.logstore.kafka_backend.meta import MetaLog, MetaWatcher
 from tn.logstore.kafka_backend.replay import (
+    EntryMap,
     RecordInfo,
     ReplayResult,
     Segment,
@@ -262,7 +263,7 @@ class KafkaDriver(LogDriver):
             self.replay_result: ReplayResult = replay(
                 stored, self._truncated, state.bases, self.epoch
             )
-        self._cache: dict[int, bytes] = self.replay_result.entries
+        self._cache: EntryMap = self.replay_result.entries  # LSN -> payload, by ranges
         self._segments: list[Segment] = self.replay_result.segments
         r = self.replay_result
         log.info(
@@ -536,8 +537,7 @@ class KafkaDriver(LogDriver):
         self._meta.record_truncation(lsn, target)
         # 3. forget
         self._truncated = lsn
-        for k in [k for k in self._cache if k <= lsn]:
-            del self._cache[k]
+        self._cache.drop_through(lsn)
         with self._writer.lock():
             self._delete_target = target
             self._segments = [s for s in self._segments if s.last > lsn]
