@@ -36,7 +36,7 @@ from typing import Any
 from confluent_kafka import Producer
 
 from infra.config import KwalConfig
-from infra.processes import process_tree_cpu_s, threads_cpu_s
+from infra.processes import process_cpu_s, process_tree_cpu_s, threads_cpu_s
 from ops.bench.chained import Measured, measure_chained
 from ops.bench.report import percentile
 
@@ -49,9 +49,12 @@ def _log(msg: str) -> None:
 
 
 def cpu_s(pid: int) -> float:
-    """User + system CPU seconds process `pid` has used (Linux /proc)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """User + system CPU seconds process `pid` has used (`process_cpu_s`). A bench's
+    processes are running while it measures them: a None there is an error, raised."""
+    seconds = process_cpu_s(pid)
+    if seconds is None:
+        raise ProcessLookupError(f"no CPU time for process {pid} in /proc")
+    return seconds
 
 
 def rss_mb(pid: int) -> float:
@@ -100,10 +103,12 @@ def _phase_cpu(
 ) -> tuple[float, float, float | None, float | None]:
     """CPU seconds so far of the TN, of this process (the clients), of the broker's
     process tree and of its JIT compiler threads (None: no local broker)."""
-    if broker_pid is None:
-        return cpu_s(tn_pid), sum(os.times()[:2]), None, None
-    broker, jit = process_tree_cpu_s(broker_pid), threads_cpu_s(broker_pid, JIT_THREADS)
-    return cpu_s(tn_pid), sum(os.times()[:2]), broker, jit
+    return (
+        cpu_s(tn_pid),
+        sum(os.times()[:2]),
+        process_tree_cpu_s(broker_pid) if broker_pid is not None else None,
+        threads_cpu_s(broker_pid, JIT_THREADS) if broker_pid is not None else None,
+    )
 
 
 def _record(out: dict[str, Any], name: str, m: Measured, rows: int) -> None:
