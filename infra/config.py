@@ -130,9 +130,21 @@ class WalConfig:
     retention_headroom_s: float = 60.0
     retention_headroom_bytes: int = 256 << 20
     # compression.type of the TN's producer (the WAL, and the logtail and results where
-    # they ride the WAL's transactional bus): none | lz4 | zstd | snappy | gzip
+    # they ride the WAL's transactional bus): one of WAL_COMPRESSIONS
     # (docs/perf-commit.md, "2026-11-27 (3)")
     compression: str = "none"
+
+    def compression_type(self) -> str:
+        """`compression`, checked: ConfigError naming the allowed values otherwise."""
+        if self.compression not in WAL_COMPRESSIONS:
+            raise ConfigError(
+                f"wal.compression must be one of {', '.join(WAL_COMPRESSIONS)}, "
+                f"got {self.compression!r}"
+            )
+        return self.compression
+
+
+WAL_COMPRESSIONS = ("none", "lz4", "zstd", "snappy", "gzip")
 
 
 @dataclass
