@@ -75,17 +75,21 @@ def _log_dir() -> Path:
     return LOG_DIR
 
 
+def server_dir(prefix: str) -> Path:
+    """A new directory, under this run's LOG_DIR, for a server a test starts."""
+    import tempfile
+
+    return Path(tempfile.mkdtemp(prefix=prefix, dir=_log_dir()))
+
+
 def unique(prefix: str = "t") -> str:
     return f"{prefix}{uuid.uuid4().hex[:10]}"
 
 
 def _start_session_broker() -> ServerProcess:
-    import tempfile
-
     from infra.brokers.local import start_local_broker
 
-    broker_dir = Path(tempfile.mkdtemp(prefix=f"broker-{check_broker(TEST_BROKER)}-", dir=_log_dir()))
-    return start_local_broker(TEST_BROKER, broker_dir)
+    return start_local_broker(TEST_BROKER, server_dir(f"broker-{check_broker(TEST_BROKER)}-"))
 
 
 # Under pytest-xdist the controller starts ONE broker for all its workers, lazily, when it

@@ -4,24 +4,20 @@ the embedded broker keeps it in a bucket on the session's loopback S3 server."""
 
 from __future__ import annotations
 
-import tempfile
-from pathlib import Path
-
 from infra.brokers.apache_kafka import KafkaNode
 from infra.brokers.tansu import start_broker
 from infra.config import ObjectStoreConfig
 from infra.objectstore import S3Store
 from infra.processes import ServerProcess
 from infra.s3server import ACCESS_KEY, SECRET_KEY
-from tests.conftest import LOG_DIR, TEST_BROKER, unique
+from tests.conftest import TEST_BROKER, _log_dir, server_dir, unique
 
 
 class RestartableBroker:
     def __init__(self, s3_server: ServerProcess) -> None:
         self.kafka: KafkaNode | None = None
         if TEST_BROKER == "kafka":
-            LOG_DIR.mkdir(parents=True, exist_ok=True)
-            self.kafka = KafkaNode(Path(tempfile.mkdtemp(prefix="restartable-", dir=LOG_DIR)))
+            self.kafka = KafkaNode(server_dir("restartable-"))
         else:
             self.endpoint = f"http://{s3_server.address}"
             self.bucket = unique("tansu-")
@@ -39,7 +35,7 @@ class RestartableBroker:
         if self.kafka is not None:
             return self.kafka.start()  # same node, same ports, same data
         return start_broker(
-            LOG_DIR,
+            _log_dir(),
             storage=f"s3://{self.bucket}/",
             s3_endpoint=self.endpoint,
             s3_access_key=ACCESS_KEY,

@@ -22,7 +22,6 @@ The cluster is started once for the module.
 from __future__ import annotations
 
 import random
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -39,7 +38,7 @@ from infra.topics import ensure_topics
 from producers import Client
 from producers import TimeoutError as ClientTimeout
 from schemas.requests import decode_results
-from tests.conftest import LOG_DIR, unique
+from tests.conftest import server_dir, unique
 from tests.faults.commit_load import Commit, CommitLoad
 from tests.service.harness import recover_engine
 from tests.waiting import wait_until
@@ -54,8 +53,7 @@ OUTAGE_COMMIT_TIMEOUT_S = 2.0  # the clients' timeout once two nodes are to be d
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[KafkaCluster]:
-    LOG_DIR.mkdir(parents=True, exist_ok=True)
-    cluster = KafkaCluster(Path(tempfile.mkdtemp(prefix="cluster-", dir=LOG_DIR))).start()
+    cluster = KafkaCluster(server_dir("cluster-")).start()
     try:
         yield cluster
     finally:
