@@ -11,9 +11,11 @@
    (the local broker the bench started, all its threads) and, part of that,
    ``broker_jit_cpu_us_per_row_1000row`` (its JIT compiler threads: a fresh JVM still
    compiles in this phase).
-   ``tn_cpu_us_per_commit_1row`` / ``client_cpu_us_per_commit_1row``: CPU seconds the TN
-   (and this process, the clients) used per commit over the phase -- the figure that
-   stays meaningful on a loaded machine, where rates swing with the neighbours.
+   ``tn_cpu_us_per_commit_1row`` / ``client_cpu_us_per_commit_1row`` /
+   ``broker_cpu_us_per_commit_1row`` (``broker_jit_...`` part of it): CPU seconds the TN,
+   this process (the clients) and the local broker used per commit over phase 1 -- the
+   figures that stay meaningful on a loaded machine, where rates swing with the
+   neighbours, and whose sum bounds the rate: 2 cores give 2e6 us of CPU a second.
 3. ``tn_peak_rss_mb`` / ``tn_rss_mb_start`` / ``tn_rss_mb_end``: the TN's resident set,
    sampled every 0.5 s over the saturated 1-row phase (its length: ``--saturated-seconds``,
    60 by default) -- flat means no growth from start to end.
@@ -111,6 +113,34 @@ def _phase_cpu(
     )
 
 
+# the processes of `_phase_cpu`'s readings, as its figures name them; the 1-row phase's
+# fields said "client" before the others existed, and keep their names
+CPU_NAMES = ("tn", "clients", "broker", "broker_jit")
+CPU_NAMES_1ROW = ("tn", "client", "broker", "broker_jit")
+
+
+def _per_unit(
+    out: dict[str, Any],
+    unit: str,
+    before: tuple[float | None, ...],
+    after: tuple[float | None, ...],
+    count: int,
+    scale: float,
+    digits: int,
+    names: tuple[str, ...] = CPU_NAMES,
+) -> None:
+    """Each process's CPU over a phase (two `_phase_cpu` readings) per unit of work
+    (`count` commits or rows), as ``<process>_cpu_us_per_<unit>``; a process with no
+    reading (no local broker) gets no field."""
+    for name, b, a in zip(names, before, after, strict=True):
+        if b is not None and a is not None:
+            out[f"{name}_cpu_us_per_{unit}"] = round((a - b) / count * scale, digits)
+    _log(
+        f"CPU per {unit}: "
+        + ", ".join(f"{n} {out.get(f'{n}_cpu_us_per_{unit}')} us" for n in names)
+    )
+
+
 def _record(out: dict[str, Any], name: str, m: Measured, rows: int) -> None:
     done, elapsed, samples, errors = m
     tps = done / elapsed if elapsed else 0.0
@@ -160,18 +190,13 @@ def bench_saturated(
 
             out["tn_rss_mb_start"] = round(rss_mb(tn_pid), 1)
             sampler = RssSampler(tn_pid).start()
-            tn_cpu0, my_cpu0 = cpu_s(tn_pid), sum(os.times()[:2])
+            cpu0 = _phase_cpu(tn_pid, broker_pid)
             m = measure_chained(SAT_CLIENTS * SAT_INFLIGHT, saturated_seconds, one_row_txn)
-            tn_cpu, my_cpu = cpu_s(tn_pid) - tn_cpu0, sum(os.times()[:2]) - my_cpu0
+            cpu = _phase_cpu(tn_pid, broker_pid)
             samples = sampler.stop()
             if m[0]:
                 # CPU per commit: far less noisy than rates on a shared machine
-                out["tn_cpu_us_per_commit_1row"] = round(tn_cpu / m[0] * 1e6, 1)
-                out["client_cpu_us_per_commit_1row"] = round(my_cpu / m[0] * 1e6, 1)
-                _log(
-                    f"CPU per commit: TN {out['tn_cpu_us_per_commit_1row']} us, clients (this "
-                    f"process) {out['client_cpu_us_per_commit_1row']} us"
-                )
+                _per_unit(out, "commit_1row", cpu0, cpu, m[0], 1e6, 1, CPU_NAMES_1ROW)
             out["saturated_seconds"] = saturated_seconds
             _record(out, "saturated_1row", m, 1)
             out["tn_peak_rss_mb"] = round(max(samples, default=0.0), 1)
@@ -209,20 +234,7 @@ def bench_saturated(
             # CPU per row of every process on the path: the TN, the clients (this
             # process), the local broker (when the bench started it)
             cpu = _phase_cpu(tn_pid, broker_pid)
-            for name, before, after in zip(
-                ("tn", "clients", "broker", "broker_jit"), cpu0, cpu, strict=True
-            ):
-                if before is not None and after is not None:
-                    out[f"{name}_cpu_us_per_row_1000row"] = round(
-                        (after - before) / m[0] / BIG_ROWS * 1e6, 2
-                    )
-            _log(
-                "CPU per row: "
-                + ", ".join(
-                    f"{n} {out.get(f'{n}_cpu_us_per_row_1000row')} us"
-                    for n in ("tn", "clients", "broker", "broker_jit")
-                )
-            )
+            _per_unit(out, "row_1000row", cpu0, cpu, m[0] * BIG_ROWS, 1e6, 2)
         _record(out, "1000row", m, BIG_ROWS)
     finally:
         for c in clients:
