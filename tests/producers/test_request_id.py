@@ -155,3 +155,11 @@ def test_a_bad_request_id_is_refused_before_anything_is_sent(kwal_config: KwalCo
                 t.commit(timeout=5, request_id=bad)
             assert err.value.code == "bad_request_id"
             assert t.commit_async(request_id=uuid.uuid4().hex) is not None  # still unsent
+
+
+def test_a_fresh_request_id_is_a_random_uuid4_in_hex() -> None:
+    ids = {new_request_id() for _ in range(2000)}
+    assert len(ids) == 2000
+    for rid in ids:
+        u = uuid.UUID(hex=rid)
+        assert (u.hex, u.version, u.variant) == (rid, 4, uuid.RFC_4122)
