@@ -43,7 +43,11 @@ def preload() -> None:
 
 
 def schema_message(schema: pa.Schema) -> bytes:
-    """The IPC stream's first message for `schema` (what a stream writer writes first)."""
+    """The IPC stream's first message for `schema` (what a stream writer writes first).
+
+    Not cached: telling a schema seen before from another (`equals` with metadata, which
+    the message carries) costs a fresh schema object ~3 us, more than serializing it
+    (~2.4 us, measured)."""
     return schema.serialize().to_pybytes()
 
 
@@ -56,8 +60,10 @@ def batch_to_ipc(head: bytes, batch: pa.RecordBatch) -> bytes:
 
 def table_to_ipc(table: pa.Table) -> bytes:
     """Serialize `table` (schema and all its record batches) as an Arrow IPC stream."""
-    if table.num_rows and all(c.num_chunks == 1 for c in table.columns):
-        return batch_to_ipc(schema_message(table.schema), table.to_batches()[0])
+    # one batch (every column one chunk): what the writer would write, without the writer
+    batches = table.to_batches()
+    if len(batches) == 1 and table.num_rows:
+        return batch_to_ipc(schema_message(table.schema), batches[0])
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, table.schema) as writer:
         writer.write_table(table)

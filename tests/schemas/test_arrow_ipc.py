@@ -71,3 +71,4 @@ def test_a_garbled_schema_frame_is_refused_once_the_schema_is_cached(at: int) ->
     garbled[at] ^= 0xFF
     with pytest.raises(DecodeError):
         ipc_to_table(bytes(garbled))
+
