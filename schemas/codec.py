@@ -122,6 +122,17 @@ def _schema(name: str) -> _Schema:
         return cached
 
 
+def envelope_prefix(schema_name: str) -> bytes:
+    """The envelope header of a record of `schema_name` (magic, version, name): what
+    `encode_record` writes before the body, for an encoder that writes the body itself."""
+    return _schema(schema_name).prefix
+
+
+def parsed_schema(schema_name: str) -> Any:
+    """fastavro's parsed form of ``<schema_name>.avsc`` (what `encode_record` writes with)."""
+    return _schema(schema_name).parsed
+
+
 def encode_record(schema_name: str, record: dict[str, Any]) -> bytes:
     """Wrap `record` (a dict matching ``<schema_name>.avsc``) in a kwal envelope."""
     schema = _schema(schema_name)

@@ -1,0 +1,78 @@
+"""Avro's binary encoding of the primitive values, written and read by hand.
+
+Why: fastavro's generic writer and reader walk the schema for every record, which was
+~20% of a client's CPU per one-row commit (docs/perf-commit.md, "2026-11-27 (5)").
+`schemas.requests` writes the common request and reads result records with these
+instead; the bytes are fastavro's own (tests/schemas/test_requests_avro.py compares
+them), and anything these do not cover goes through the codec as before.
+
+The encoding (Avro 1.11 specification, "Binary Encoding"):
+
+- int/long: zig-zag, then a little-endian base-128 varint (7 bits a byte, high bit set
+  on every byte but the last);
+- string/bytes: the length as a long, then the bytes (a string's in UTF-8);
+- enum: the symbol's index as an int; union: the branch's index as a long, then the value;
+- array: blocks of (count as a long, the items), ended by a zero count (fastavro writes
+  a non-empty array as one block).
+"""
+
+from __future__ import annotations
+
+_INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
+# the one-byte encodings: longs -64..63 (zig-zag 0..127)
+_SMALL = [bytes((z,)) for z in range(128)]
+
+
+def long_bytes(n: int) -> bytes:
+    """`n` as an Avro long. OverflowError outside int64 (fastavro's writer refuses those too)."""
+    if not _INT64_MIN <= n <= _INT64_MAX:
+        raise OverflowError(f"{n} does not fit an Avro long")
+    z = (n << 1) ^ (n >> 63)
+    if z < 0x80:
+        return _SMALL[z]
+    out = bytearray()
+    while z >= 0x80:
+        out.append((z & 0x7F) | 0x80)
+        z >>= 7
+    out.append(z)
+    return bytes(out)
+
+
+def bytes_bytes(b: bytes) -> bytes:
+    """`b` as Avro bytes (length, then the bytes)."""
+    return long_bytes(len(b)) + b
+
+
+def str_bytes(s: str) -> bytes:
+    """`s` as an Avro string (UnicodeEncodeError for a lone surrogate, as fastavro's)."""
+    return bytes_bytes(s.encode("utf-8"))
+
+
+def read_long(data: bytes, pos: int) -> tuple[int, int]:
+    """The long at `pos`, and where the next value starts. IndexError when `data` ends
+    inside it; ValueError for a varint longer than a long's ten bytes."""
+    b = data[pos]
+    if b < 0x80:
+        return (b >> 1) ^ -(b & 1), pos + 1
+    z = b & 0x7F
+    shift = 7
+    pos += 1
+    while True:
+        b = data[pos]
+        pos += 1
+        z |= (b & 0x7F) << shift
+        if b < 0x80:
+            return (z >> 1) ^ -(z & 1), pos
+        shift += 7
+        if shift > 63:
+            raise ValueError("varint longer than a long")
+
+
+def read_str(data: bytes, pos: int) -> tuple[str, int]:
+    """The string at `pos`, and where the next value starts (ValueError: a negative
+    length, or bytes past the end or not UTF-8)."""
+    n, pos = read_long(data, pos)
+    end = pos + n
+    if n < 0 or end > len(data):
+        raise ValueError(f"string of {n} bytes at {pos} in {len(data)} bytes")
+    return data[pos:end].decode("utf-8"), end
