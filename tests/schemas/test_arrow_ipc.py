@@ -72,3 +72,13 @@ def test_a_garbled_schema_frame_is_refused_once_the_schema_is_cached(at: int) ->
     with pytest.raises(DecodeError):
         ipc_to_table(bytes(garbled))
 
+
+@pytest.mark.parametrize("chunks", [(10,), (3, 7), (10, 0)])
+def test_table_to_ipc_writes_what_a_stream_writer_writes(chunks: tuple[int, ...]) -> None:
+    """One batch is written without the writer; any other chunking by the writer."""
+    ids = pa.chunked_array([pa.array(range(n), pa.int64()) for n in chunks], pa.int64())
+    table = pa.table({"id": ids, "v": pa.array([str(i) for i in range(sum(chunks))])})
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    assert table_to_ipc(table) == sink.getvalue().to_pybytes()
