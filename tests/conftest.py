@@ -30,6 +30,9 @@ from infra.config import KwalConfig, ObjectStoreConfig
 from infra.objectstore import S3Store
 from infra.processes import ServerProcess, log_tail
 
+# SIGTERM (a cancelled CI job) still stops the servers this run started
+pytest_plugins = ("tests.teardown_on_sigterm",)
+
 # Every server a test run starts keeps its log and data under one directory of the run's
 # own, `$KWAL_TEST_LOG_DIR/session-<time>-<pid>` (default root /tmp/kwal-test-logs). A run
 # that passes removes it at its end; a failed run keeps it for debugging and names it in
