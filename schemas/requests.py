@@ -257,7 +257,8 @@ def result_from_dict(d: dict[str, Any]) -> TxnResult:
 #
 # The request a client sends and the results it reads are written and read here field by
 # field, in the order of their .avsc files, with the same bytes as the codec's fastavro
-# (tests/schemas/test_requests_avro.py): ~5x cheaper for a one-op request. Whatever
+# (tests/schemas/test_requests_avro.py): a one-op request's envelope in ~5 us against
+# ~15 us for request_to_dict + fastavro (measured, its Arrow bytes aside). Whatever
 # does not fit the common shape (a v2 request, a value of an unexpected type, a record
 # these cannot read) goes through the codec as before, which also raises its errors.
 
