@@ -628,11 +628,11 @@ class TnService:
         # metrics once per unit, not per result: one histogram update for the group's
         # latencies, one counter increment for its commits
         now = time.monotonic()
-        received = self._received
+        received, ok = self._received, Status.COMMITTED
         latencies = []
         committed = 0
         for res, _, offset in items:
-            if res.status is Status.COMMITTED:
+            if res.status is ok:
                 committed += 1
             else:
                 METRICS.aborts.labels(res.reason or "unknown").inc()
