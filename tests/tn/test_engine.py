@@ -11,6 +11,7 @@ import pytest
 from infra.processes import REPO
 from tests.tn.helpers import new_engine, setup_table
 from tn.exceptions import ConflictError, EngineClosedError, TxnClosedError, ValidationError
+from tn.txn.rows import Columns
 
 
 def rows(engine, db="db", table="t", ts=None):
@@ -105,6 +106,16 @@ def test_update_and_delete():
         (pa.table({"v": ["a"]}), "missing_primary_key"),
         (pa.table({"id": [7], "zz": [1]}), "bad_column"),
         ("not rows", "bad_request"),
+        # the column form (`Columns`: the TN's system-table rows) is held to the same rules
+        (Columns({"id": [1], "nope": [1]}), "bad_column"),
+        (Columns({"v": ["x"]}), "missing_primary_key"),
+        (Columns({"id": [3, None], "v": ["x", "y"]}), "missing_primary_key"),
+        (Columns({"id": ["one"], "v": ["x"]}), "type_mismatch"),
+        (Columns({"id": [1.5], "v": ["x"]}), "type_mismatch"),
+        (Columns({"id": [5, 5], "v": ["x", "y"]}), "duplicate_key"),
+        (Columns({"id": [1], "v": ["dup"]}), "duplicate_key"),
+        (Columns({"id": [3, 4], "v": ["x"]}), "bad_request"),
+        (Columns({"id": (3,), "v": ("x",)}), "bad_request"),
     ],
 )
 def test_insert_validation(rows_in, code):
@@ -121,6 +132,26 @@ def test_insert_validation(rows_in, code):
     txn.insert("db", "t", [{"id": 2, "v": "b"}])
     txn.commit().result(timeout=10)
     assert [r["id"] for r in rows(e)] == [1, 2]
+
+
+def test_insert_columns_equals_rows():
+    """Rows given column by column (`Columns`) insert what the same rows as dicts do,
+    an absent nullable column as nulls; the caller's lists are not the batch's."""
+    e, _ = new_engine()
+    setup_table(e)
+    ids, vs = [3, 1, 2], ["c", "a", None]
+    txn = e.begin()
+    txn.insert("db", "t", Columns({"id": ids, "v": vs}))
+    txn.insert("db", "t", Columns({"id": [7]}))
+    txn.commit().result(timeout=10)
+    ids.append(9)
+    vs[0] = "changed"
+    assert rows(e) == [
+        {"id": 1, "v": "a"},
+        {"id": 2, "v": None},
+        {"id": 3, "v": "c"},
+        {"id": 7, "v": None},
+    ]
 
 
 def test_unknown_objects_and_exists():

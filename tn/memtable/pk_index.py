@@ -365,8 +365,9 @@ class PkIndex:
             kl = keys.tolist() if isinstance(keys, np.ndarray) else keys
             if self._ints:
                 self._rlo, self._rhi = min(self._rlo, min(kl)), max(self._rhi, max(kl))
-            for i in range(n):
-                recent[kl[i]] = (b[i], r[i], t[i], lv[i])
+            # zip, not an index loop: the tuples are built and stored in C, in key order
+            # (a key given twice takes its last, as documented)
+            recent.update(zip(kl, zip(b, r, t, lv, strict=True), strict=True))
             if self._ints and len(recent) > self.recent_max:
                 self._freeze()
             return

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from contextlib import ExitStack
 from typing import Any
 
-from infra.collector import freeze_startup_heap
+from infra.collector import freeze_startup_heap, raise_young_threshold
 from infra.config import KwalConfig
 from tn.logstore.driver import LogDriver, LogFencedError, LogStore
 
@@ -200,6 +200,7 @@ def _serve(cfg: KwalConfig, stop: threading.Event) -> int | BaseException:
         if status is not None:
             parts.callback(lambda: status.stop(patience(5.0)))
         freeze_startup_heap()
+        raise_young_threshold()
         service.start()
         print(f"kwal-tn ready {cfg.topics.requests}", file=sys.stderr, flush=True)
         while not stop.wait(0.2):

@@ -66,6 +66,7 @@ import queue
 import threading
 import time
 from collections import OrderedDict, deque
+from collections.abc import Iterable
 from concurrent.futures import Future
 from typing import Any
 
@@ -75,7 +76,7 @@ from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, To
 from infra.config import KwalConfig
 from infra.kafka_io import FETCH_WAIT_MS, poll_batch
 from infra.kafka_txn import TxnChannel
-from infra.metrics import METRICS
+from infra.metrics import METRICS, observe_all
 from infra.objectstore import ObjectStore
 from infra.principals import PRINCIPAL_HEADER, scoped_id
 from infra.queues import drain
@@ -86,6 +87,7 @@ from schemas.requests import (
     Kind,
     Reason,
     RequestFormatError,
+    Status,
     TxnRequest,
     TxnResult,
     decode_request,
@@ -570,14 +572,21 @@ class TnService:
             ts = int(fut.result())
             with self._lock:
                 self._committed_ids.extend((m.offset, m.req.request_id) for m in members)
+            # positional: `TxnResult.ok(**kw)` costs a keyword dict and a second call per
+            # member, and a group's results are made on the engine's completion thread
+            committed, none = Status.COMMITTED, Kind.NONE
             self._publish_all(
                 [
                     (
-                        TxnResult.ok(
+                        TxnResult(
                             m.req.request_id,
+                            committed,
                             ts,
-                            client_id=m.req.client_id,
-                            request_offset=m.offset,
+                            none,
+                            "",
+                            "",
+                            m.req.client_id,
+                            m.offset,
                         ),
                         m.req.request_id.encode(),
                         m.offset,
@@ -616,16 +625,22 @@ class TnService:
                     else (r, k, o)
                     for r, k, o in items
                 ]
+        # metrics once per unit, not per result: one histogram update for the group's
+        # latencies, one counter increment for its commits
         now = time.monotonic()
+        received, ok = self._received, Status.COMMITTED
+        latencies = []
         committed = 0
         for res, _, offset in items:
-            if res.committed:
+            if res.status is ok:
                 committed += 1
             else:
                 METRICS.aborts.labels(res.reason or "unknown").inc()
-            received = self._received.get(offset)
-            if received is not None:
-                METRICS.commit_latency.observe(now - received)
+            at = received.get(offset)
+            if at is not None:
+                latencies.append(now - at)
+        if latencies:
+            observe_all(METRICS.commit_latency, latencies)
         if committed:
             METRICS.commits.inc(committed)
         self._out.put(items)
@@ -650,9 +665,9 @@ class TnService:
                     stop = True
                     break
                 items.extend(unit)
-            for rec in pack(items, self._batch_ok.__contains__):
-                for res, _, _ in rec.items:
-                    self._remember(res)
+            records = pack(items, self._batch_ok.__contains__)
+            self._remember_all([res for rec in records for res, _, _ in rec.items])
+            for rec in records:
 
                 def delivered(err: Any, msg: Any, rec: OutRecord = rec) -> None:
                     result_offset = None if err is not None else msg.offset()
@@ -674,8 +689,7 @@ class TnService:
                         )
                         self._out.put(rec.items)
                         return
-                    for res, _, offset in rec.items:
-                        self._delivered(res, offset, result_offset)
+                    self._delivered(rec.items, result_offset)
 
                 while True:
                     try:
@@ -700,16 +714,24 @@ class TnService:
                 res.request_id,
             )
 
-    def _delivered(self, res: TxnResult, req_offset: int, result_offset: int) -> None:
+    def _delivered(self, items: list[Item], result_offset: int) -> None:
+        """The results of one record (`items`) are on the results topic at `result_offset`:
+        their requests are resolved, under one hold of the lock and with one wake-up of
+        the threads that wait for room, and later copies of their ids are answered."""
+        republish: list[tuple[TxnResult, int]] = []
         with self._lock:
-            self._inflight_ids.discard(res.request_id)
-            waiting = self._waiters.pop(res.request_id, [])
-            self._delivered_above[req_offset] = min(
-                result_offset, self._delivered_above.get(req_offset, result_offset)
-            )
-            self._last_result_offset = max(self._last_result_offset, result_offset)
-            self._resolve_locked(req_offset)
-        for offset in waiting:
+            inflight, waiters, above = self._inflight_ids, self._waiters, self._delivered_above
+            for res, _, req_offset in items:
+                inflight.discard(res.request_id)
+                if waiters:
+                    republish.extend((res, o) for o in waiters.pop(res.request_id, ()))
+                had = above.get(req_offset)
+                if had is None or had > result_offset:
+                    above[req_offset] = result_offset
+            if result_offset > self._last_result_offset:
+                self._last_result_offset = result_offset
+            self._resolve_all_locked([offset for _, _, offset in items])
+        for res, offset in republish:
             self._republish(res, offset)
 
     def _republish(self, res: TxnResult, offset: int) -> None:
@@ -719,11 +741,21 @@ class TnService:
         self._out.put([(_with(res, request_offset=offset), res.request_id.encode(), offset)])
 
     def _remember(self, res: TxnResult) -> None:
+        self._remember_all([res])
+
+    def _remember_all(self, results: list[TxnResult]) -> None:
+        """Keep results for repeated ids (the dedup window), newest last: one hold of the
+        lock for a whole drain of the publisher's queue."""
+        recent = self._recent
         with self._lock:
-            self._recent[res.request_id] = res
-            self._recent.move_to_end(res.request_id)
-            while len(self._recent) > self._recent_max:
-                self._recent.popitem(last=False)
+            for res in results:
+                rid = res.request_id
+                if rid in recent:
+                    recent.move_to_end(rid)
+                recent[rid] = res
+            excess = len(recent) - self._recent_max
+            for _ in range(excess):
+                recent.popitem(last=False)
 
     # ---- resolution bookkeeping -----------------------------------------------------------
 
@@ -732,12 +764,19 @@ class TnService:
             self._resolve_locked(offset)
 
     def _resolve_locked(self, offset: int) -> None:
-        self._received.pop(offset, None)
-        self._principal_at.pop(offset, None)
-        self._batch_ok.discard(offset)
-        self._resolved.add(offset)
-        while self._pending and self._pending[0] in self._resolved:
-            self._resolved.discard(heapq.heappop(self._pending))
+        self._resolve_all_locked((offset,))
+
+    def _resolve_all_locked(self, offsets: Iterable[int]) -> None:
+        received, principal_at, batch_ok = self._received, self._principal_at, self._batch_ok
+        resolved, pending = self._resolved, self._pending
+        for offset in offsets:
+            received.pop(offset, None)
+            if principal_at:
+                principal_at.pop(offset, None)
+            batch_ok.discard(offset)
+            resolved.add(offset)
+        while pending and pending[0] in resolved:
+            resolved.discard(heapq.heappop(pending))
         self._lock.notify_all()
 
     def _unresolved(self) -> int:

@@ -52,6 +52,7 @@ from typing import Any
 
 from tn.catalog.nodes import SYSTEM_DB
 from tn.exceptions import TnError
+from tn.txn.rows import Columns
 
 REQUESTS_TABLE = "requests"
 PROGRESS_TABLE = "progress"
@@ -111,7 +112,12 @@ def record_requests(txn: Any, requests: list[tuple[str, int]]) -> None:
     txn.insert(
         SYSTEM_DB,
         REQUESTS_TABLE,
-        [{"request_id": rid, "req_offset": offset} for rid, offset in requests],
+        Columns(
+            {
+                "request_id": [rid for rid, _ in requests],
+                "req_offset": [offset for _, offset in requests],
+            }
+        ),
     )
 
 

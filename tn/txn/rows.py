@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, TypeAlias
 
 import pyarrow as pa
 
@@ -201,11 +202,25 @@ class Batch:
         raise KeyError(self.schema.primary_key)
 
 
-def to_batch(schema: TableSchema, rows: pa.Table | Sequence[dict[str, Any]] | Batch) -> Batch:
+@dataclass(frozen=True, slots=True)
+class Columns:
+    """Rows given column by column: column name -> its values, every list as long (an
+    absent nullable column is null). The TN writes its system tables' rows this way, a
+    commit group's at once: no dict per row to build and to take apart again."""
+
+    values: dict[str, list[Any]]
+
+
+Rows: TypeAlias = pa.Table | Sequence[dict[str, Any]] | Columns
+
+
+def to_batch(schema: TableSchema, rows: Rows | Batch) -> Batch:
     """Validate rows against the schema: exactly the schema's columns, in order (absent
     nullable columns are null), non-null primary key, values of the column types."""
     if isinstance(rows, Batch) and rows.schema is schema:
         return rows
+    if isinstance(rows, Columns):
+        return _from_columns(schema, rows.values)
     if not isinstance(rows, pa.Table):
         if isinstance(rows, dict) or not isinstance(rows, Sequence):
             raise ValidationError("bad_request", "rows must be an Arrow table or a list of dicts")
@@ -221,20 +236,42 @@ def to_batch(schema: TableSchema, rows: pa.Table | Sequence[dict[str, Any]] | Ba
                 raise ValidationError("bad_column", f"unknown columns {unknown}")
             for a, name in zip(appends, names, strict=True):
                 a(row.get(name))
-        pk_i = names.index(schema.primary_key)
-        if any(k is None for k in cols[pk_i]):
-            raise ValidationError(
-                "missing_primary_key", f"null or missing primary key {schema.primary_key!r}"
-            )
-        for i, c in enumerate(schema.columns):
-            if not _fast_ok(c.type, cols[i], c.nullable):
-                cols[i] = _convert(c, cols[i])
-        nbytes = 0
-        for col in cols:
-            for v in col:
-                nbytes += len(v) if isinstance(v, (str, bytes)) else 8
-        return Batch(schema, cols, len(rows), nbytes, None)
+        return _checked(schema, cols, len(rows))
     return _from_arrow(schema, _conform(schema, rows))
+
+
+def _from_columns(schema: TableSchema, values: dict[str, list[Any]]) -> Batch:
+    names = arrow_schema(schema).names
+    unknown = [k for k in values if k not in names]
+    if unknown:
+        raise ValidationError("bad_column", f"unknown columns {unknown}")
+    if not all(isinstance(v, list) for v in values.values()):
+        raise ValidationError("bad_request", "columns must be lists")
+    lengths = {len(v) for v in values.values()}
+    if len(lengths) > 1:
+        raise ValidationError("bad_request", f"columns of different lengths {sorted(lengths)}")
+    n = lengths.pop() if lengths else 0
+    # copies: the batch's lists become the memtable's and the WAL's, not the caller's
+    cols = [list(values[name]) if name in values else [None] * n for name in names]
+    return _checked(schema, cols, n)
+
+
+def _checked(schema: TableSchema, cols: list[list[Any]], n: int) -> Batch:
+    """The batch of `n` rows given as Python columns in schema order: a non-null primary
+    key, every value of its column's type (converted strictly where it is not already)."""
+    pk_i = arrow_schema(schema).names.index(schema.primary_key)
+    if any(k is None for k in cols[pk_i]):
+        raise ValidationError(
+            "missing_primary_key", f"null or missing primary key {schema.primary_key!r}"
+        )
+    for i, c in enumerate(schema.columns):
+        if not _fast_ok(c.type, cols[i], c.nullable):
+            cols[i] = _convert(c, cols[i])
+    nbytes = 0
+    for col in cols:
+        for v in col:
+            nbytes += len(v) if isinstance(v, (str, bytes)) else 8
+    return Batch(schema, cols, n, nbytes, None)
 
 
 def _conform(schema: TableSchema, rows: pa.Table) -> pa.Table:

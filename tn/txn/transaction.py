@@ -32,7 +32,7 @@ from tn.catalog.catalog import Catalog
 from tn.catalog.nodes import ABORTED_TS, MAX_TS, BlockNode, DatabaseNode, Node, TableNode
 from tn.exceptions import TnError, TxnClosedError, ValidationError
 from tn.memtable.columns import BLOCK_ROWS
-from tn.txn.rows import Batch, column_type, key_list, to_batch
+from tn.txn.rows import Batch, Rows, column_type, key_list, to_batch
 
 # Limit on the Arrow bytes one transaction may insert (bigger ones: "oversized").
 MAX_TXN_BYTES = 64 << 20
@@ -248,7 +248,7 @@ class Transaction:
         self.ddl = True
 
     # -- DML ----------------------------------------------------------------------------
-    def insert(self, database: str, table: str, rows: pa.Table | Sequence[dict[str, Any]]) -> None:
+    def insert(self, database: str, table: str, rows: Rows) -> None:
         """Insert rows. Types and the primary key are validated now; a key that is live in
         this transaction's view (committed at StartTS, or inserted earlier in this
         transaction) raises ValidationError("duplicate_key") and inserts nothing."""
@@ -258,7 +258,7 @@ class Transaction:
             self._insert(t, schema, rows)
 
     def _insert(
-        self, t: TableNode, schema: TableSchema, rows: pa.Table | Sequence[dict[str, Any]] | Batch
+        self, t: TableNode, schema: TableSchema, rows: Rows | Batch
     ) -> None:
         batch = to_batch(schema, rows)
         n = batch.n
