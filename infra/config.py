@@ -173,6 +173,10 @@ class TnConfig:
     # how many blocks' key columns / row ts the TN caches.
     pk_filter_bits_per_key: int = 10
     object_cache_blocks: int = 32
+    # The requests reader's stall check (tn.service.service, "A stuck requests reader"):
+    # after this many seconds without a record while the topic holds records past the
+    # TN's position, the partition is assigned again at that position
+    requests_stall_s: float = 5.0
 
 
 @dataclass

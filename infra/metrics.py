@@ -77,6 +77,12 @@ class Metrics:
             ["what"],
             registry=r,
         )
+        self.requests_reassigned = Counter(
+            "kwal_requests_reassigned",
+            "times the TN assigned the requests partition again after its reader stalled "
+            'with records waiting (tn.service.service, "A stuck requests reader")',
+            registry=r,
+        )
         # -- a CN --------------------------------------------------------------------------
         self.cn_watermark = Gauge(
             "kwal_cn_watermark_ts", "the CN's watermark (every table it follows)", ["cn"], registry=r

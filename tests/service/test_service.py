@@ -12,6 +12,7 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from infra.config import KwalConfig
+from infra.metrics import METRICS
 from infra.topics import ensure_topics
 from producers import Client, CommitResult, ConflictError, ValidationError
 from schemas.requests import (
@@ -392,3 +393,25 @@ def test_a_transaction_above_the_limit_is_refused_before_it_is_sent(
         ends.close()
     assert after == before  # nothing reached the requests topic
     assert rows_of(tn) == {}
+
+
+def test_a_requests_reader_that_stopped_fetching_is_assigned_again(
+    tn: RunningTn, client: Client, kwal_config: KwalConfig
+) -> None:
+    """The TN's requests reader stops fetching with records waiting (librdkafka after a
+    broker restart; here: its partition paused under it): after tn.requests_stall_s the
+    TN assigns the partition again at its position, and the waiting commit goes through
+    (without the check it waits forever). Nothing is read twice: one row, one result."""
+    kwal_config.tn.requests_stall_s = 1.0  # the service reads this config object
+    setup_table(client)
+    consumer = tn.service._consumer
+    assert consumer is not None
+    def reassigned() -> float:
+        return METRICS.registry.get_sample_value("kwal_requests_reassigned_total") or 0.0
+
+    before = reassigned()
+    consumer.pause([TopicPartition(kwal_config.topics.requests, 0)])
+    result = client.begin().insert(T, [{"id": 1, "name": "a", "price": 1.0}]).commit(timeout=30)
+    assert result.commit_ts > 0
+    assert sorted(rows_of(tn)) == [1]
+    assert reassigned() == before + 1

@@ -54,6 +54,23 @@ If even the request id cannot be read, the result's request id is
 request record's key (the client id), so nobody's future waits for it; the
 client that sent it times out. If the id can be read (the envelope is intact
 but the body is not, or the request is oversized), the result carries it.
+
+A stuck requests reader
+-----------------------
+librdkafka's consumer can stop fetching an `assign()`ed partition after a broker restart
+(its fetch state stays in offset validation; librdkafka issues 4492, 5153): the TN then
+polls nothing while clients' requests pile up on the topic, and logs nothing -- seen in
+`tests/faults/test_broker_restart.py` (1 run in 6). The request loop checks for it
+(`_unstick`):
+
+1. after `tn.requests_stall_s` with no record polled, it reads the partition's high
+   watermark;
+2. if that is past both the TN's position (one past the last record the loop took) and
+   the consumer's own (which moves past transaction markers the loop never sees), it logs
+   a warning, counts `kwal_requests_reassigned_total`, and assigns the partition again at
+   the TN's position (and resumes it), which starts a fresh fetch state.
+
+Nothing is skipped or read twice: the loop goes on from the record after the last it took.
 """
 
 from __future__ import annotations
@@ -73,7 +90,7 @@ from typing import Any
 import pyarrow as pa
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
 
-from infra.config import KwalConfig
+from infra.config import ConfigError, KwalConfig
 from infra.kafka_io import FETCH_WAIT_MS, poll_batch
 from infra.kafka_txn import TxnChannel
 from infra.metrics import METRICS, observe_all
@@ -170,6 +187,8 @@ class TnService:
         self.max_inflight = max_inflight
         self.progress_interval_s = progress_interval_s
         self.partition = 0
+        if cfg.tn.requests_stall_s <= 0:
+            raise ConfigError(f"tn.requests_stall_s must be > 0, got {cfg.tn.requests_stall_s}")
         self._stop = threading.Event()
         self._halt_logged = False  # `_halted_by_log` said so once
         self._fatal_logged = False  # `_undelivered` said so once
@@ -318,6 +337,7 @@ class TnService:
     def _request_loop(self) -> None:
         assert self._consumer is not None
         consumer = self._consumer
+        last_record = time.monotonic()
         while not self._stop.is_set() and self.log_failure is None:
             self._drain_retries()
             with self._lock:
@@ -333,6 +353,12 @@ class TnService:
                 log.exception("consume failed")
                 time.sleep(0.2)
                 continue
+            now = time.monotonic()
+            if msgs:
+                last_record = now
+            elif now - last_record >= self.cfg.tn.requests_stall_s:
+                last_record = now  # the next check after as long again
+                self._unstick(consumer)
             group = Group()
             for msg in msgs:
                 err = msg.error()
@@ -368,6 +394,31 @@ class TnService:
         while self._unresolved() and self.log_failure is None and time.monotonic() < deadline:
             self._drain_retries()
             time.sleep(0.01)
+
+    def _unstick(self, consumer: Consumer) -> None:
+        """See "A stuck requests reader": records past the position, none polled for
+        `tn.requests_stall_s` -> assign the partition again at the position."""
+        tp = TopicPartition(self.cfg.topics.requests, self.partition)
+        try:
+            _, high = consumer.get_watermark_offsets(tp, timeout=2)
+            (at,) = consumer.position([tp])
+        except Exception as e:  # noqa: BLE001 - the broker may be away: check again later
+            log.debug("requests stall check: %s", e)
+            return
+        position = self._next_offset
+        if high <= max(position, at.offset):
+            return
+        log.warning(
+            "requests reader: no record for %.0f s while the topic holds %d past offset %d; "
+            "assigning the partition again at %d",
+            self.cfg.tn.requests_stall_s,
+            high - position,
+            position,
+            position,
+        )
+        METRICS.requests_reassigned.inc()
+        consumer.assign([TopicPartition(tp.topic, tp.partition, position)])
+        consumer.resume([tp])  # the TN never pauses it: a no-op unless something did
 
     def _fail(
         self, req: TxnRequest | None, offset: int, key: bytes | None, e: BaseException
