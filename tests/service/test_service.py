@@ -11,6 +11,7 @@ import pyarrow as pa
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
+import tn.service.service as service_module
 from infra.config import KwalConfig
 from infra.metrics import METRICS
 from infra.topics import ensure_topics
@@ -25,6 +26,7 @@ from schemas.requests import (
 )
 from tests.delivery import NoOffset
 from tests.service.conftest import RunningTn, SlowDriver
+from tests.waiting import wait_until
 from tn.engine import Engine
 from tn.logstore.driver import LogStore
 
@@ -396,21 +398,36 @@ def test_a_transaction_above_the_limit_is_refused_before_it_is_sent(
 
 
 def test_a_requests_reader_that_stopped_fetching_is_assigned_again(
-    tn: RunningTn, client: Client, kwal_config: KwalConfig
+    tn: RunningTn, client: Client, kwal_config: KwalConfig, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The TN's requests reader stops fetching with records waiting (librdkafka after a
-    broker restart; here: its partition paused under it): after tn.requests_stall_s the
-    TN assigns the partition again at its position, and the waiting commit goes through
-    (without the check it waits forever). Nothing is read twice: one row, one result."""
+    broker restart; here: its real consumer's partition paused under it): after
+    tn.requests_stall_s the TN assigns the partition again at its position, and the
+    waiting commit goes through (without the check it never does). Nothing is read
+    twice: one row, one result.
+
+    The pause is made on the request loop's own thread, in its next poll: librdkafka's
+    pause waits for the consumer's queue, and made from another thread while the loop
+    polls it hung the test once (CI, 600 s)."""
     kwal_config.tn.requests_stall_s = 1.0  # the service reads this config object
     setup_table(client)
-    consumer = tn.service._consumer
-    assert consumer is not None
+    tp = TopicPartition(kwal_config.topics.requests, 0)
+    pause = threading.Event()
+    real_poll = service_module.poll_batch
+
+    def poll_pausing_once(consumer: Any, n: int, timeout: float) -> list[Any]:
+        if pause.is_set():
+            consumer.pause([tp])
+            pause.clear()
+        return real_poll(consumer, n, timeout)
+
     def reassigned() -> float:
         return METRICS.registry.get_sample_value("kwal_requests_reassigned_total") or 0.0
 
     before = reassigned()
-    consumer.pause([TopicPartition(kwal_config.topics.requests, 0)])
+    monkeypatch.setattr(service_module, "poll_batch", poll_pausing_once)
+    pause.set()
+    wait_until("the request loop paused its partition", lambda: not pause.is_set(), 30)
     result = client.begin().insert(T, [{"id": 1, "name": "a", "price": 1.0}]).commit(timeout=30)
     assert result.commit_ts > 0
     assert sorted(rows_of(tn)) == [1]
