@@ -125,7 +125,8 @@ def _ipc_to_table(data: bytes, validate: bool) -> pa.Table:
         table = _read_stream(data)
         if validate:
             table.validate(full=True)
-    except (pa.ArrowException, ValueError, OSError) as e:
+    # EOFError: `pa.ipc.read_message` where a damaged length frames a message past the end
+    except (pa.ArrowException, ValueError, OSError, EOFError) as e:
         raise DecodeError(f"not a valid Arrow IPC stream ({len(data)} bytes): {e}") from e
     return table
 

@@ -82,3 +82,14 @@ def test_table_to_ipc_writes_what_a_stream_writer_writes(chunks: tuple[int, ...]
     with pa.ipc.new_stream(sink, table.schema) as writer:
         writer.write_table(table)
     assert table_to_ipc(table) == sink.getvalue().to_pybytes()
+
+
+def test_a_message_length_framing_past_the_end_is_refused() -> None:
+    """A damaged metadata length that frames the schema message past the stream's end:
+    `pa.ipc.read_message` raises EOFError there, which must reach callers as the codec's
+    DecodeError (a hypothesis run of tests/schemas/test_wal_record.py found it)."""
+    table = pa.table({"id": pa.array([1, 2], pa.int64()), "v": ["a", None]})
+    data = bytearray(table_to_ipc(table))
+    data[4] = 0xF7
+    with pytest.raises(DecodeError, match="End of Arrow stream"):
+        ipc_to_table(bytes(data))
