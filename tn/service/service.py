@@ -326,11 +326,13 @@ class TnService:
         remember the results of requests at or above `window_start` (C - dedup_window), so
         that a repeated id gets its first outcome, aborted ones included (they are in no
         table)."""
+        recent = []
         for res in read_results(self.cfg, from_offset):
             if res.request_offset >= min_request_offset:
                 self._answered_offsets.add(res.request_offset)
             if res.request_offset >= window_start:
-                self._remember(res)
+                recent.append(res)
+        self._remember_all(recent)
 
     # ---- the request loop -----------------------------------------------------------------
 
@@ -791,9 +793,6 @@ class TnService:
         restart's results scan knows exactly which records were answered."""
         self._out.put([(_with(res, request_offset=offset), res.request_id.encode(), offset)])
 
-    def _remember(self, res: TxnResult) -> None:
-        self._remember_all([res])
-
     def _remember_all(self, results: list[TxnResult]) -> None:
         """Keep results for repeated ids (the dedup window), newest last: one hold of the
         lock for a whole drain of the publisher's queue."""
@@ -812,10 +811,7 @@ class TnService:
 
     def _resolve(self, offset: int) -> None:
         with self._lock:
-            self._resolve_locked(offset)
-
-    def _resolve_locked(self, offset: int) -> None:
-        self._resolve_all_locked((offset,))
+            self._resolve_all_locked((offset,))
 
     def _resolve_all_locked(self, offsets: Iterable[int]) -> None:
         received, principal_at, batch_ok = self._received, self._principal_at, self._batch_ok
