@@ -173,9 +173,9 @@ class TnConfig:
     # how many blocks' key columns / row ts the TN caches.
     pk_filter_bits_per_key: int = 10
     object_cache_blocks: int = 32
-    # The requests reader's stall check (tn.service.service, "A stuck requests reader"):
-    # after this many seconds without a record while the topic holds records past the
-    # TN's position, the partition is assigned again at that position
+    # The requests reader's stall check (infra.reader_stall; tn.service.service, "A stuck
+    # requests reader"): after this many seconds without a record while the topic holds
+    # records past the TN's position, the partition is assigned again at that position
     requests_stall_s: float = 5.0
 
 
@@ -184,12 +184,17 @@ class ClientConfig:
     """The producers client's large transactions (docs/large-transactions.md): a
     transaction whose INSERT rows exceed `spill_bytes` (Arrow bytes in memory) sends them
     through the object store, as Parquet objects of at most `object_rows` rows, and only
-    their keys over Kafka; one above `max_txn_bytes` is refused before anything is sent."""
+    their keys over Kafka; one above `max_txn_bytes` is refused before anything is sent.
+    And its results reader's stall check (`results_stall_s`)."""
 
     spill_bytes: int = 4 << 20
     max_txn_bytes: int = 1 << 30
     object_rows: int = 16 * 8192  # rows per object; the TN takes at most 16 blocks' worth
     spill_prefix: str = "uploads"  # object keys: <prefix>/<client id>/<request id>/<n>.parquet
+    # The results reader's stall check (infra.reader_stall): after this many seconds without
+    # a result while the results topic holds records past the reader's position, it is
+    # assigned again at its positions (else every commit would time out)
+    results_stall_s: float = 5.0
 
 
 @dataclass
@@ -201,6 +206,10 @@ class CnConfig:
 
     cache_bytes: int = 64 << 20
     read_batch_rows: int = 65536
+    # The logtail reader's stall check (infra.reader_stall): after this many seconds without
+    # a record while a followed topic holds records past the CN's position, its topics are
+    # assigned again at its positions
+    logtail_stall_s: float = 5.0
 
 
 @dataclass

@@ -77,10 +77,11 @@ class Metrics:
             ["what"],
             registry=r,
         )
-        self.requests_reassigned = Counter(
-            "kwal_requests_reassigned",
-            "times the TN assigned the requests partition again after its reader stalled "
-            'with records waiting (tn.service.service, "A stuck requests reader")',
+        self.reader_reassigned = Counter(
+            "kwal_reader_reassigned",
+            "times a Kafka reader (label reader: requests, logtail, results) was assigned its "
+            "partitions again after it polled nothing with records waiting (infra.reader_stall)",
+            ["reader"],
             registry=r,
         )
         # -- a CN --------------------------------------------------------------------------

@@ -46,6 +46,7 @@ from infra.kafka_io import FETCH_WAIT_MS, poll_batch
 from infra.objectstore import ObjectStore, open_store
 from infra.principals import client_principal, requests_topic, results_topic
 from infra.queues import drain
+from infra.reader_stall import StallWatch
 from infra.stack import apply_stack
 from producers.exceptions import (
     AbortedError,
@@ -232,7 +233,12 @@ class _ResultRouter:
         self._refs = 0
         self._stop = threading.Event()
         self._consumer = Consumer(results_reader_conf(cfg))
-        self._consumer.assign(self._end_positions(timeout_s))
+        start = self._end_positions(timeout_s)
+        # (topic, partition) -> one past the last result record read: where a reader that
+        # stopped fetching is assigned again (`infra.reader_stall`)
+        self._positions = {(tp.topic, tp.partition): tp.offset for tp in start}
+        self._stall = StallWatch("results", cfg.client.results_stall_s, "client.results_stall_s")
+        self._consumer.assign(start)
         self._thread = threading.Thread(target=self._run, name="kwal-results", daemon=True)
         self._thread.start()
 
@@ -320,10 +326,21 @@ class _ResultRouter:
                     return
                 time.sleep(0.1)
                 continue
+            if self._stall.polled(bool(msgs)):
+                self._unstick()
             for msg in msgs:
                 if msg.error() is not None:
                     continue
+                self._positions[(msg.topic(), msg.partition())] = msg.offset() + 1
                 self._route(msg.value())
+
+    def _unstick(self) -> None:
+        """The results reader stopped fetching with results waiting: assigned again at the
+        record after the last it read (`infra.reader_stall`), so no result is missed."""
+        if self._stall.stuck(self._consumer, self._positions):
+            parts = [TopicPartition(t, p, o) for (t, p), o in self._positions.items()]
+            self._consumer.assign(parts)
+            self._consumer.resume(parts)
 
     def _route(self, value: bytes | None) -> None:
         """Settle the futures of the results in one record (one result, or a batch of

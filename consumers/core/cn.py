@@ -65,6 +65,7 @@ from infra.config import KwalConfig
 from infra.kafka_io import FETCH_WAIT_MS, poll_batch
 from infra.objectstore import ObjectStore
 from infra.principals import client_principal
+from infra.reader_stall import StallWatch
 from schemas.arrow_ipc import preload
 from schemas.logtail import (
     BlockMeta,
@@ -366,6 +367,7 @@ class CN(CNCore):
         self.started_from: dict[str, int] = {}  # positions set by the last bootstrap
         self.on_table_created = self._follow
         self._metrics_port = metrics_port
+        self._stall = StallWatch("logtail", cfg.cn.logtail_stall_s, "cn.logtail_stall_s")
 
     def _follow(self, table: str) -> None:
         database, _, name = table.partition(".")
@@ -493,6 +495,8 @@ class CN(CNCore):
                 self._commit()
                 next_commit = time.monotonic() + self._commit_interval_s
             messages = poll_batch(self._consumer, 500, 0.05)
+            if self._stall.polled(bool(messages)) and not self._paused:
+                self._unstick()
             records: list[tuple[str, int, LogtailRecord]] = []
             truncated: list[str] = []
             for m in messages:
@@ -525,6 +529,18 @@ class CN(CNCore):
                 self._consumer.incremental_assign(added)
                 if self._paused:
                     self._consumer.pause(added)
+
+    def _unstick(self) -> None:
+        """A logtail reader that stopped fetching with records waiting (librdkafka after a
+        broker restart, `infra.reader_stall`): every topic assigned again at this CN's
+        positions (one past the last record applied), so nothing is skipped or applied
+        twice. Not while paused: a paused reader polls nothing by design."""
+        assert self._consumer is not None
+        positions = {(t, 0): o for t, o in self.positions.items()}
+        if self._stall.stuck(self._consumer, positions):
+            parts = [TopicPartition(t, 0, o) for t, o in self.positions.items()]
+            self._consumer.assign(parts)
+            self._consumer.resume(parts)
 
     def _skip_control_records(self) -> None:
         """Idle: take the consumer's own positions, which move past what is never

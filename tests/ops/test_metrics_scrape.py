@@ -33,9 +33,9 @@ ELSEWHERE = {"kwal_compactions", "kwal_compacted_blocks"}
 NOT_HERE = {"kwal_log_failures"}
 # moves only in secure mode, for a record without a principal (tests/security/test_secure_kafka.py)
 NOT_HERE |= {"kwal_security_dropped"}
-# moves only when the TN's requests reader stalls (tests/service/test_service.py,
-# test_a_requests_reader_that_stopped_fetching_is_assigned_again)
-NOT_HERE |= {"kwal_requests_reassigned"}
+# moves only when a Kafka reader stalls (tests/infra/test_reader_stall.py, and for each reader
+# tests/service/test_service.py and tests/logtail/test_push.py)
+NOT_HERE |= {"kwal_reader_reassigned"}
 
 
 class Watch:

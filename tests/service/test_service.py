@@ -5,12 +5,14 @@ from __future__ import annotations
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import pyarrow as pa
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
+import producers.client as client_module
 import tn.service.service as service_module
 from infra.config import KwalConfig
 from infra.metrics import METRICS
@@ -422,7 +424,9 @@ def test_a_requests_reader_that_stopped_fetching_is_assigned_again(
         return real_poll(consumer, n, timeout)
 
     def reassigned() -> float:
-        return METRICS.registry.get_sample_value("kwal_requests_reassigned_total") or 0.0
+        return METRICS.registry.get_sample_value(
+            "kwal_reader_reassigned_total", {"reader": "requests"}
+        ) or 0.0
 
     before = reassigned()
     monkeypatch.setattr(service_module, "poll_batch", poll_pausing_once)
@@ -431,4 +435,41 @@ def test_a_requests_reader_that_stopped_fetching_is_assigned_again(
     result = client.begin().insert(T, [{"id": 1, "name": "a", "price": 1.0}]).commit(timeout=30)
     assert result.commit_ts > 0
     assert sorted(rows_of(tn)) == [1]
+    assert reassigned() == before + 1
+
+
+def test_a_results_reader_that_stopped_fetching_is_assigned_again(
+    tn: RunningTn, client_factory: Callable[..., Client], kwal_config: KwalConfig,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The clients' results reader stops fetching with results waiting (here: its real
+    consumer's partitions paused under it, on its own thread): after
+    client.results_stall_s it is assigned again at the record after the last it read, and
+    the waiting commit gets its result (without the check it times out). Nothing is lost:
+    the next commit's result comes too."""
+    kwal_config.client.results_stall_s = 1.0  # read when the client's results reader starts
+    client = client_factory()
+    setup_table(client)
+    pause = threading.Event()
+    real_poll = client_module.poll_batch
+
+    def poll_pausing_once(consumer: Any, n: int, timeout: float) -> list[Any]:
+        if pause.is_set():
+            consumer.pause(consumer.assignment())
+            pause.clear()
+        return real_poll(consumer, n, timeout)
+
+    def reassigned() -> float:
+        return METRICS.registry.get_sample_value(
+            "kwal_reader_reassigned_total", {"reader": "results"}
+        ) or 0.0
+
+    before = reassigned()
+    monkeypatch.setattr(client_module, "poll_batch", poll_pausing_once)
+    pause.set()
+    wait_until("the results reader paused its partitions", lambda: not pause.is_set(), 30)
+    first = client.begin().insert(T, [{"id": 1, "name": "a", "price": 1.0}]).commit(timeout=30)
+    second = client.begin().insert(T, [{"id": 2, "name": "b", "price": 2.0}]).commit(timeout=30)
+    assert 0 < first.commit_ts < second.commit_ts
+    assert sorted(rows_of(tn)) == [1, 2]
     assert reassigned() == before + 1

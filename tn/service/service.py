@@ -57,20 +57,12 @@ but the body is not, or the request is oversized), the result carries it.
 
 A stuck requests reader
 -----------------------
-librdkafka's consumer can stop fetching an `assign()`ed partition after a broker restart
-(its fetch state stays in offset validation; librdkafka issues 4492, 5153): the TN then
-polls nothing while clients' requests pile up on the topic, and logs nothing -- seen in
-`tests/faults/test_broker_restart.py` (1 run in 6). The request loop checks for it
-(`_unstick`):
-
-1. after `tn.requests_stall_s` with no record polled, it reads the partition's high
-   watermark;
-2. if that is past both the TN's position (one past the last record the loop took) and
-   the consumer's own (which moves past transaction markers the loop never sees), it logs
-   a warning, counts `kwal_requests_reassigned_total`, and assigns the partition again at
-   the TN's position (and resumes it), which starts a fresh fetch state.
-
-Nothing is skipped or read twice: the loop goes on from the record after the last it took.
+librdkafka's consumer can stop fetching an `assign()`ed partition after a broker restart:
+the TN then polls nothing while clients' requests pile up on the topic -- seen in
+`tests/faults/test_broker_restart.py` (1 run in 6). The request loop runs
+`infra.reader_stall`'s check (reader "requests", setting `tn.requests_stall_s`) with its
+position: one past the last record it took. When the partition is stuck, the loop assigns
+it again at that position (and resumes it). Nothing is skipped or read twice.
 """
 
 from __future__ import annotations
@@ -90,13 +82,14 @@ from typing import Any
 import pyarrow as pa
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
 
-from infra.config import ConfigError, KwalConfig
+from infra.config import KwalConfig
 from infra.kafka_io import FETCH_WAIT_MS, poll_batch
 from infra.kafka_txn import TxnChannel
 from infra.metrics import METRICS, observe_all
 from infra.objectstore import ObjectStore
 from infra.principals import PRINCIPAL_HEADER, scoped_id
 from infra.queues import drain
+from infra.reader_stall import StallWatch
 from schemas.exceptions import CodecError, UnsupportedFormatError
 from schemas.requests import (
     RESULTS_BATCH,
@@ -187,8 +180,7 @@ class TnService:
         self.max_inflight = max_inflight
         self.progress_interval_s = progress_interval_s
         self.partition = 0
-        if cfg.tn.requests_stall_s <= 0:
-            raise ConfigError(f"tn.requests_stall_s must be > 0, got {cfg.tn.requests_stall_s}")
+        self._stall = StallWatch("requests", cfg.tn.requests_stall_s, "tn.requests_stall_s")
         self._stop = threading.Event()
         self._halt_logged = False  # `_halted_by_log` said so once
         self._fatal_logged = False  # `_undelivered` said so once
@@ -339,7 +331,6 @@ class TnService:
     def _request_loop(self) -> None:
         assert self._consumer is not None
         consumer = self._consumer
-        last_record = time.monotonic()
         while not self._stop.is_set() and self.log_failure is None:
             self._drain_retries()
             with self._lock:
@@ -355,11 +346,7 @@ class TnService:
                 log.exception("consume failed")
                 time.sleep(0.2)
                 continue
-            now = time.monotonic()
-            if msgs:
-                last_record = now
-            elif now - last_record >= self.cfg.tn.requests_stall_s:
-                last_record = now  # the next check after as long again
+            if self._stall.polled(bool(msgs)):
                 self._unstick(consumer)
             group = Group()
             for msg in msgs:
@@ -398,29 +385,12 @@ class TnService:
             time.sleep(0.01)
 
     def _unstick(self, consumer: Consumer) -> None:
-        """See "A stuck requests reader": records past the position, none polled for
-        `tn.requests_stall_s` -> assign the partition again at the position."""
-        tp = TopicPartition(self.cfg.topics.requests, self.partition)
-        try:
-            _, high = consumer.get_watermark_offsets(tp, timeout=2)
-            (at,) = consumer.position([tp])
-        except Exception as e:  # noqa: BLE001 - the broker may be away: check again later
-            log.debug("requests stall check: %s", e)
-            return
+        """See "A stuck requests reader"."""
         position = self._next_offset
-        if high <= max(position, at.offset):
-            return
-        log.warning(
-            "requests reader: no record for %.0f s while the topic holds %d past offset %d; "
-            "assigning the partition again at %d",
-            self.cfg.tn.requests_stall_s,
-            high - position,
-            position,
-            position,
-        )
-        METRICS.requests_reassigned.inc()
-        consumer.assign([TopicPartition(tp.topic, tp.partition, position)])
-        consumer.resume([tp])  # the TN never pauses it: a no-op unless something did
+        if self._stall.stuck(consumer, {(self.cfg.topics.requests, self.partition): position}):
+            tp = TopicPartition(self.cfg.topics.requests, self.partition, position)
+            consumer.assign([tp])
+            consumer.resume([tp])  # the TN never pauses it: a no-op unless something did
 
     def _fail(
         self, req: TxnRequest | None, offset: int, key: bytes | None, e: BaseException
