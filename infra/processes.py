@@ -5,7 +5,12 @@ Shared by the embedded broker and the loopback S3 server:
 2. start the process with its output streamed to a log file, in its own
    process group, so a stop kills exactly what we started;
 3. wait, bounded, until a readiness probe answers; if the process dies or the
-   wait runs out, stop it and raise `ServerStartError` with the log's tail.
+   wait runs out, stop it and raise `ServerStartError` with the log's tail; if the
+   wait is interrupted (Ctrl-C, a test run's SIGTERM), stop it and let the
+   interruption through.
+
+Every server started here is remembered (`started_here`): a process that must not
+leave servers behind when it ends (a test run) stops what is still running.
 """
 
 from __future__ import annotations
@@ -241,25 +246,41 @@ def start_server(
             start_new_session=True,
         )
     server = ServerProcess(name, popen.pid, address, log_path, popen)
+    _STARTED.append(server)
     deadline = time.monotonic() + timeout_s
-    while True:
-        if popen.poll() is not None:
-            raise ServerStartError(
-                f"{name} exited with code {popen.returncode} before answering on {address}; "
-                f"log {log_path}:\n{log_tail(log_path)}"
-            )
-        try:
-            if ready():
-                return server
-        except Exception:  # noqa: BLE001 - any failure of the probe means "not yet"
-            pass
-        if time.monotonic() > deadline:
-            server.stop(timeout_s=2)
-            raise ServerStartError(
-                f"{name} did not answer on {address} within {timeout_s:.0f}s; "
-                f"log {log_path}:\n{log_tail(log_path)}"
-            )
-        time.sleep(0.1)
+    try:
+        while True:
+            if popen.poll() is not None:
+                raise ServerStartError(
+                    f"{name} exited with code {popen.returncode} before answering on "
+                    f"{address}; log {log_path}:\n{log_tail(log_path)}"
+                )
+            try:
+                if ready():
+                    return server
+            except Exception:  # noqa: BLE001 - any failure of the probe means "not yet"
+                pass
+            if time.monotonic() > deadline:
+                raise ServerStartError(
+                    f"{name} did not answer on {address} within {timeout_s:.0f}s; "
+                    f"log {log_path}:\n{log_tail(log_path)}"
+                )
+            time.sleep(0.1)
+    except BaseException:
+        # a start that failed, or was interrupted, leaves nothing running: no caller
+        # holds the server yet to stop it
+        server.stop(timeout_s=2)
+        raise
+
+
+# every server `start_server` started in this process (`started_here`)
+_STARTED: list[ServerProcess] = []
+
+
+def started_here() -> list[ServerProcess]:
+    """The servers this process started that are still running."""
+    _STARTED[:] = [s for s in _STARTED if s.alive()]
+    return list(_STARTED)
 
 
 def port_open(address: str, timeout_s: float = 0.5) -> bool:
