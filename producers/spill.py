@@ -46,8 +46,33 @@ def rows_bytes(ops: Sequence[TxnOp]) -> int:
     return total
 
 
+def rows_bytes_bound(ops: Sequence[TxnOp]) -> int:
+    """An upper bound of `rows_bytes`, without its cost: `Table.nbytes` walks every
+    buffer range (5.5 us for a one-row table, 8% of a one-row commit's client CPU), while
+    `get_total_buffer_size` (0.2 us) sums each buffer once. That sum can fall short of
+    `nbytes` only where chunks or columns share a buffer (each counts the shared part), so
+    it is multiplied by the table's chunk count: no column chunk references more than the
+    whole of the buffers."""
+    total = 0
+    for op in ops:
+        rows = op.rows
+        if rows is not None:
+            chunks = sum(c.num_chunks for c in rows.columns)
+            total += rows.get_total_buffer_size() * max(1, chunks)
+        if op.keys is not None:
+            total += 8 * len(op.keys)
+    return total
+
+
 def check_size(ops: Sequence[TxnOp], cfg: ClientConfig, request_id: str) -> int:
-    """Step 1: the transaction's row bytes, or ValidationError above `client.max_txn_bytes`."""
+    """Step 1: the transaction's row bytes, or ValidationError above `client.max_txn_bytes`.
+
+    The exact figure only where it decides something: a transaction whose upper bound
+    (`rows_bytes_bound`) is below both limits gets the bound back, which spills nothing
+    and refuses nothing, as the exact figure would not."""
+    bound = rows_bytes_bound(ops)
+    if bound <= min(cfg.spill_bytes, cfg.max_txn_bytes):
+        return bound
     size = rows_bytes(ops)
     if size > cfg.max_txn_bytes:
         raise ValidationError(
