@@ -17,7 +17,10 @@ a CN's logtail reader, the clients' results reader) runs the same check:
    reader assigns its partitions again at its own positions, which starts a fresh fetch
    state. Nothing is skipped or read twice;
 4. the next check comes `stall_s` later (a broker that is away fails the check quietly:
-   it is made again then).
+   it is made again then); after a reassignment, twice as long as the wait before it (at
+   most `MAX_WAIT_S`), until a poll returns something: a fresh fetch state can take more
+   than `stall_s` to deliver on a busy machine, and assigning again meanwhile would start
+   it over each time.
 """
 
 from __future__ import annotations
@@ -32,6 +35,8 @@ from infra.config import ConfigError
 from infra.metrics import METRICS
 
 log = logging.getLogger(__name__)
+
+MAX_WAIT_S = 60.0  # the longest wait between two checks (step 4's doubling stops there)
 
 
 class StallWatch:
@@ -49,18 +54,20 @@ class StallWatch:
             raise ConfigError(f"{setting} must be > 0 seconds, got {stall_s}")
         self.reader = reader
         self.stall_s = stall_s
+        self._wait = stall_s  # until the next check (step 4)
         self._clock = clock
         self._last = clock()
         self._counter = METRICS.reader_reassigned.labels(reader)
 
     def polled(self, got_records: bool) -> bool:
         """Step 1: note one poll. True when the check is due (then the next is due
-        `stall_s` later)."""
+        step 4's wait later)."""
         now = self._clock()
         if got_records:
             self._last = now
+            self._wait = self.stall_s
             return False
-        if now - self._last < self.stall_s:
+        if now - self._last < self._wait:
             return False
         self._last = now
         return True
@@ -90,4 +97,5 @@ class StallWatch:
             ", ".join(f"{t}[{p}] holds {h - o} past offset {o}" for t, p, o, h in behind),
         )
         self._counter.inc()
+        self._wait = min(self._wait * 2, max(MAX_WAIT_S, self.stall_s))
         return True

@@ -66,7 +66,8 @@ def test_stuck_only_with_records_past_both_positions(
     assert producer.flush(30) == 0
     consumer = Consumer(cfg.kafka_client(**{"group.id": unique("g"), "enable.auto.commit": False}))
     label = unique("reader")
-    watch = StallWatch(label, 1.0, "x.stall_s")
+    clock = Clock()
+    watch = StallWatch(label, 1.0, "x.stall_s", clock)
 
     def counted() -> float:
         return METRICS.registry.get_sample_value(
@@ -81,6 +82,15 @@ def test_stuck_only_with_records_past_both_positions(
             assert watch.stuck(consumer, {(topic, 0): 0})
         assert counted() == 1
         assert f"{topic}[0] holds 3 past offset 0" in caplog.text
+        # the next check waits twice as long (a fresh fetch may be slow to deliver),
+        # and once a poll returns records, stall_s again
+        clock.now += 1.5
+        assert not watch.polled(False)
+        clock.now += 0.6
+        assert watch.polled(False)
+        watch.polled(True)
+        clock.now += 1.1
+        assert watch.polled(False)
         assert not watch.stuck(consumer, {(topic, 0): 3})  # the reader is at the end
         consumer.resume([tp])
         got: list[int] = []

@@ -435,7 +435,9 @@ def test_a_requests_reader_that_stopped_fetching_is_assigned_again(
     result = client.begin().insert(T, [{"id": 1, "name": "a", "price": 1.0}]).commit(timeout=30)
     assert result.commit_ts > 0
     assert sorted(rows_of(tn)) == [1]
-    assert reassigned() == before + 1
+    # at least once: on a busy machine the fresh fetch can outlast the (doubled) wait
+    # before the next check, which assigns again (infra.reader_stall, step 4)
+    assert reassigned() >= before + 1
 
 
 def test_a_results_reader_that_stopped_fetching_is_assigned_again(
@@ -472,4 +474,6 @@ def test_a_results_reader_that_stopped_fetching_is_assigned_again(
     second = client.begin().insert(T, [{"id": 2, "name": "b", "price": 2.0}]).commit(timeout=30)
     assert 0 < first.commit_ts < second.commit_ts
     assert sorted(rows_of(tn)) == [1, 2]
-    assert reassigned() == before + 1
+    # at least once: on a busy machine the fresh fetch can outlast the (doubled) wait
+    # before the next check, which assigns again (infra.reader_stall, step 4)
+    assert reassigned() >= before + 1
