@@ -174,9 +174,12 @@ class MetaWatcher:
 
         from confluent_kafka import Consumer, TopicPartition
 
+        from infra.kafka_io import IDLE_FETCH_WAIT_MS
         from tn.logstore.kafka_backend.kio import reader_conf
 
-        self._consumer = Consumer(reader_conf(reader_base))
+        # the meta topic moves only when a writer claims the WAL: an idle reader's wait
+        conf = {**reader_conf(reader_base), "fetch.wait.max.ms": IDLE_FETCH_WAIT_MS}
+        self._consumer = Consumer(conf)
         self._consumer.assign([TopicPartition(topic, 0, start_offset)])
         self._epoch = epoch
         self._on_fenced = on_fenced
