@@ -27,7 +27,7 @@ from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
 from infra.config import KwalConfig
 from infra.exceptions import OpsError
-from infra.kafka_io import FETCH_WAIT_MS, poll_batch
+from infra.kafka_io import IDLE_FETCH_WAIT_MS, poll_batch
 
 COMMAND, REPLY = "command", "reply"
 
@@ -68,7 +68,7 @@ def reader_conf(cfg: KwalConfig) -> dict[str, Any]:
         **{
             "group.id": f"{cfg.topics.prefix}.ops-reader-{uuid.uuid4().hex[:8]}",
             "enable.auto.commit": False,
-            "fetch.wait.max.ms": FETCH_WAIT_MS,
+            "fetch.wait.max.ms": IDLE_FETCH_WAIT_MS,
             "enable.partition.eof": False,
         }
     )

@@ -21,6 +21,14 @@ log = logging.getLogger(__name__)
 # KWAL_FETCH_WAIT_MS.
 FETCH_WAIT_MS = int(os.environ.get("KWAL_FETCH_WAIT_MS", "25"))
 
+# The same for a reader of a topic that is idle nearly always (the ops topic's commands and
+# replies, the WAL meta topic's fence watch). Apache Kafka answers a held fetch as soon
+# as a record arrives, so this bounds only how often an idle reader asks again: at 25-75 ms
+# those two readers alone sent the broker ~30 empty fetches a second, beside a few hundred
+# real requests at 2,000 commits/s (docs/perf-commit.md, "2026-11-27 (8)"). 500 ms is
+# librdkafka's own default.
+IDLE_FETCH_WAIT_MS = 500
+
 
 def poll_batch(consumer: Consumer, max_messages: int, timeout: float) -> list[Any]:
     """Wait up to `timeout` for the first message, then take what is already

@@ -36,8 +36,9 @@ from typing import Any
 
 from confluent_kafka import Producer
 
+from infra.kafka_io import IDLE_FETCH_WAIT_MS
 from infra.kafka_txn import TxnChannel
-from tn.logstore.kafka_backend.kio import produce_wait, read_until
+from tn.logstore.kafka_backend.kio import produce_wait, read_until, reader_conf
 
 TRUNCATED_KEY = b"truncated"
 
@@ -158,6 +159,13 @@ class MetaLog:
         )
 
 
+def watcher_conf(reader_base: Mapping[str, Any]) -> dict[str, Any]:
+    """The fence watch's reader: an internal reader (`kio.reader_conf`) whose empty fetches
+    the broker may hold `IDLE_FETCH_WAIT_MS`: the meta topic moves only when a writer
+    claims the WAL."""
+    return {**reader_conf(reader_base), "fetch.wait.max.ms": IDLE_FETCH_WAIT_MS}
+
+
 class MetaWatcher:
     """Tails the meta topic after this writer's claim; calls `on_fenced(epoch)` once
     when a higher epoch is claimed (a newer writer took the WAL over)."""
@@ -174,9 +182,7 @@ class MetaWatcher:
 
         from confluent_kafka import Consumer, TopicPartition
 
-        from tn.logstore.kafka_backend.kio import reader_conf
-
-        self._consumer = Consumer(reader_conf(reader_base))
+        self._consumer = Consumer(watcher_conf(reader_base))
         self._consumer.assign([TopicPartition(topic, 0, start_offset)])
         self._epoch = epoch
         self._on_fenced = on_fenced
