@@ -85,7 +85,12 @@ def read_bytes(data: bytes, pos: int) -> tuple[bytes, int]:
 def read_str(data: bytes, pos: int) -> tuple[str, int]:
     """The string at `pos`, and where the next value starts (ValueError: a negative
     length, or bytes past the end or not UTF-8)."""
-    n, pos = read_long(data, pos)
+    n = data[pos]
+    if n < 0x80 and not n & 1:  # a length of 0..63 is one byte: no call for it
+        n >>= 1
+        pos += 1
+    else:
+        n, pos = read_long(data, pos)
     end = pos + n
     if n < 0 or end > len(data):
         raise ValueError(f"string of {n} bytes at {pos} in {len(data)} bytes")
