@@ -1,10 +1,12 @@
 """Avro's binary encoding of the primitive values, written and read by hand.
 
 Why: fastavro's generic writer and reader walk the schema for every record, which was
-~20% of a client's CPU per one-row commit (docs/perf-commit.md, "2026-11-27 (5)").
-`schemas.requests` writes the common request and reads result records with these
-instead; the bytes are fastavro's own (tests/schemas/test_requests_avro.py compares
-them), and anything these do not cover goes through the codec as before.
+~20% of a client's CPU per one-row commit (docs/perf-commit.md, "2026-11-27 (5)") and
+a third of the TN's request loop (its decoding of each request, "2026-11-27 (9)").
+`schemas.requests` writes and reads the common request and the result records with
+these instead, on both sides; the bytes are fastavro's own
+(tests/schemas/test_requests_avro.py compares them), and anything these do not cover
+goes through the codec as before.
 
 The encoding (Avro 1.11 specification, "Binary Encoding"):
 
@@ -62,17 +64,45 @@ def read_long(data: bytes, pos: int) -> tuple[int, int]:
         pos += 1
         z |= (b & 0x7F) << shift
         if b < 0x80:
+            if z >> 64:  # bits past a long's 64 (fastavro's reader drops them)
+                raise ValueError("varint wider than a long")
             return (z >> 1) ^ -(z & 1), pos
         shift += 7
         if shift > 63:
             raise ValueError("varint longer than a long")
 
 
+def read_bytes(data: bytes, pos: int) -> tuple[bytes, int]:
+    """The bytes value at `pos`, and where the next value starts (ValueError: a negative
+    length, or bytes past the end)."""
+    n, pos = read_long(data, pos)
+    end = pos + n
+    if n < 0 or end > len(data):
+        raise ValueError(f"{n} bytes at {pos} in {len(data)} bytes")
+    return data[pos:end], end
+
+
 def read_str(data: bytes, pos: int) -> tuple[str, int]:
     """The string at `pos`, and where the next value starts (ValueError: a negative
     length, or bytes past the end or not UTF-8)."""
-    n, pos = read_long(data, pos)
+    n = data[pos]
+    if n < 0x80 and not n & 1:  # a length of 0..63 is one byte: no call for it
+        n >>= 1
+        pos += 1
+    else:
+        n, pos = read_long(data, pos)
     end = pos + n
     if n < 0 or end > len(data):
         raise ValueError(f"string of {n} bytes at {pos} in {len(data)} bytes")
     return data[pos:end].decode("utf-8"), end
+
+
+def read_count(data: bytes, pos: int) -> tuple[int, int]:
+    """An array block's item count at `pos` (0: the array's end), and where its items
+    start. A negative count is followed by the block's size in bytes, which is skipped
+    (writers may give it; fastavro reads it)."""
+    count, pos = read_long(data, pos)
+    if count < 0:
+        _, pos = read_long(data, pos)
+        return -count, pos
+    return count, pos

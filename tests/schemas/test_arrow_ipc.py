@@ -93,3 +93,18 @@ def test_a_message_length_framing_past_the_end_is_refused() -> None:
     data[4] = 0xF7
     with pytest.raises(DecodeError, match="End of Arrow stream"):
         ipc_to_table(bytes(data))
+
+
+@pytest.mark.parametrize("kind", ["one batch", "several batches", "dictionary"])
+def test_a_batch_that_only_a_full_check_refuses_is_refused(kind: str) -> None:
+    """Bytes that are no UTF-8 in a string column: the framing and the buffers' sizes are
+    intact, so only the full check of the batches (of the table, in the full reader's
+    fallback) finds them; unchecked, the same bytes read."""
+    values = pa.array(["héllo", "b", "c", "d"])
+    table = pa.table({"v": values.dictionary_encode() if kind == "dictionary" else values})
+    data = _stream(table, 2 if kind == "several batches" else None)
+    garbled = data.replace("é".encode(), b"\xff\xfe")
+    assert garbled != data
+    assert ipc_to_table(garbled, validate=False).num_rows == 4
+    with pytest.raises(DecodeError, match="UTF8|UTF-8|utf8|utf-8"):
+        ipc_to_table(garbled)

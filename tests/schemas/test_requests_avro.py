@@ -3,6 +3,7 @@ the same bytes as the codec's fastavro, the same values back, the same errors.""
 
 from __future__ import annotations
 
+import dataclasses
 import io
 from collections.abc import Callable
 
@@ -13,8 +14,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from schemas import requests as rq
+from schemas.arrow_ipc import table_to_ipc
 from schemas.avro_binary import long_bytes, read_long, read_str, str_bytes
-from schemas.codec import decode_record, encode_record
+from schemas.codec import decode_record, encode_record, schema_of
 from schemas.exceptions import CodecError, EncodeError
 from schemas.requests import (
     Column,
@@ -28,6 +30,7 @@ from schemas.requests import (
     encode_request,
     encode_result,
     encode_results,
+    request_from_dict,
     request_to_dict,
     result_to_dict,
 )
@@ -175,3 +178,122 @@ def test_a_block_with_a_byte_size_reads_too() -> None:
     one = encode_result(r)[len(rq._RESULT_PREFIX) :]
     data = rq._RESULT_BATCH_PREFIX + long_bytes(-2) + long_bytes(2 * len(one)) + one + one + b"\x00"
     assert decode_results(data) == [r, r] == rq._results(data)
+
+
+# ---- the TN's side: requests read, results written by hand ----------------------------
+
+
+def _by_codec(data: bytes) -> TxnRequest:
+    """`decode_request` as it was before the reader by hand: fastavro, then the dict."""
+    if schema_of(data) not in rq.REQUEST_SCHEMAS:
+        decode_record(data, rq.REQUEST_SCHEMA)
+    return request_from_dict(decode_record(data)[1])
+
+
+def _outcome(call: Callable[[], object]) -> object:
+    """What a call returns, or the type and message of what it raises."""
+    try:
+        return call()
+    except Exception as e:  # noqa: BLE001 - compared, not handled
+        return type(e), str(e)
+
+
+@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+@given(requests)
+def test_a_request_read_by_hand_equals_the_codecs_reading(req: TxnRequest) -> None:
+    data = encode_request(req)
+    by_hand = rq._read_request_v1(data)
+    assert by_hand is not None
+    assert by_hand == _by_codec(data) == decode_request(data)
+
+
+@settings(max_examples=500, suppress_health_check=[HealthCheck.too_slow])
+@given(requests, st.data())
+def test_a_damaged_request_reads_or_fails_as_the_codec_says(req: TxnRequest, data: st.DataObject) -> None:
+    """Any byte changed, or the record cut or extended: `decode_request` returns what
+    the codec's reading returns, or raises the same error with the same message."""
+    good = encode_request(req)
+    at = data.draw(st.integers(len(rq._REQUEST_V1_PREFIX), len(good)))
+    how = data.draw(st.sampled_from(["set", "cut", "extend"]))
+    if how == "set" and at < len(good):
+        bad = good[:at] + bytes([data.draw(st.integers(0, 255))]) + good[at + 1 :]
+    elif how == "cut":
+        bad = good[:at]
+    else:
+        bad = good[:at] + data.draw(st.binary(min_size=1, max_size=3)) + good[at:]
+    assert _outcome(lambda: decode_request(bad)) == _outcome(lambda: _by_codec(bad))
+
+
+def test_damaged_requests_are_refused_with_the_codecs_errors() -> None:
+    op = TxnOp(OpKind.INSERT, "db", "t", rows=_ROWS)
+    good = encode_request(TxnRequest("req-1", "c", (op,), sent_at_ms=5))
+    rows_at = good.index(table_to_ipc(_ROWS))
+    for bad in (
+        good[:-1],  # truncated
+        good + b"\x00",  # trailing bytes
+        good.replace(b"req-1", b"req-\xff"),  # not UTF-8
+        good[: rows_at - 3] + b"\x04" + good[rows_at - 2 :],  # the union's branch 2
+        good[:rows_at] + b"not arrow" + good[rows_at + 9 :],  # rows that are not Arrow IPC
+    ):
+        assert _outcome(lambda bad=bad: decode_request(bad)) == _outcome(lambda bad=bad: _by_codec(bad))
+        with pytest.raises((CodecError, rq.RequestFormatError)):
+            decode_request(bad)
+    assert rq._read_request_v1(good[:-1]) is None
+
+
+def test_a_request_op_kind_past_the_symbols_is_the_codecs_error() -> None:
+    good = encode_request(TxnRequest("r", "c", (TxnOp(OpKind.DELETE, "db", "t"),)))
+    kind_at = len(rq._REQUEST_V1_PREFIX) + len(str_bytes("r")) + len(str_bytes("c")) + 2
+    assert good[kind_at] == long_bytes(list(OpKind).index(OpKind.DELETE))[0]
+    bad = good[:kind_at] + long_bytes(9) + good[kind_at + 1 :]
+    assert rq._read_request_v1(bad) is None
+    with pytest.raises(CodecError):
+        decode_request(bad)
+
+
+def test_request_blocks_with_a_byte_size_read_too() -> None:
+    """Avro lets a writer give a block's count negated, then its size in bytes: the ops
+    array and an op's columns."""
+    req = TxnRequest("r", "c", (TxnOp(OpKind.CREATE_TABLE, "db", "t", (Column("a", "int64"),), "a"),))
+    body = encode_request(req)[len(rq._REQUEST_V1_PREFIX) :]
+    head = str_bytes("r") + str_bytes("c") + long_bytes(0)
+    assert body.startswith(head + long_bytes(1))
+    op = body[len(head) + 1 : -1]
+    col = str_bytes("a") + str_bytes("int64")
+    op_sized = op.replace(long_bytes(1) + col, long_bytes(-1) + long_bytes(len(col)) + col)
+    data = rq._REQUEST_V1_PREFIX + head + long_bytes(-1) + long_bytes(len(op_sized)) + op_sized + b"\x00"
+    assert rq._read_request_v1(data) == _by_codec(data) == req
+
+
+@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(results, max_size=5))
+def test_results_are_written_as_the_codec_writes_them(batch: list[TxnResult]) -> None:
+    assert encode_results(batch) == encode_record(
+        rq.RESULT_BATCH_SCHEMA, {"results": [result_to_dict(r) for r in batch]}
+    )
+    for r in batch:
+        assert encode_result(r) == encode_record(rq.RESULT_SCHEMA, result_to_dict(r))
+
+
+def test_a_result_that_does_not_fit_the_schema_is_what_the_codec_makes_of_it() -> None:
+    """The codec's error, or (a float or a bool for a long, which fastavro writes as an
+    int) the codec's bytes."""
+    ok = TxnResult.ok("r", 1, client_id="c", request_offset=2)
+    for bad in (
+        dataclasses.replace(ok, commit_ts=1 << 63),  # beyond a long
+        dataclasses.replace(ok, reason=None),  # type: ignore[arg-type]
+        dataclasses.replace(ok, message=b""),  # type: ignore[arg-type]
+        dataclasses.replace(ok, request_id="r\ud800"),  # a lone surrogate is no UTF-8
+        dataclasses.replace(ok, status="COMMITTED"),  # type: ignore[arg-type]
+        dataclasses.replace(ok, commit_ts=1.5),  # type: ignore[arg-type]
+        dataclasses.replace(ok, request_offset=True),
+    ):
+        got = _outcome(lambda bad=bad: encode_result(bad))
+        assert got == _outcome(lambda bad=bad: encode_record(rq.RESULT_SCHEMA, result_to_dict(bad)))
+        batch = _outcome(lambda bad=bad: encode_results([ok, bad]))
+        assert batch == _outcome(
+            lambda bad=bad: encode_record(
+                rq.RESULT_BATCH_SCHEMA, {"results": [result_to_dict(ok), result_to_dict(bad)]}
+            )
+        )
+    assert isinstance(_outcome(lambda: encode_result(dataclasses.replace(ok, reason=None))), tuple)

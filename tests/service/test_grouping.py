@@ -181,3 +181,19 @@ def test_big_inserts_group_by_their_key_arrays() -> None:
     assert g.fits(member([3 * n]), 64)
     assert member(list(range(n)) + [7]) is None  # a key twice: the engine says so alone
     assert len(g.take()) == 2 and not g.big and g.fits(member(list(range(n))), 64)
+
+
+def test_a_groups_tables_of_one_table_are_joined_per_schema_in_order() -> None:
+    """`_flush` concatenates a table's member rows per schema (`concat_tables` takes one):
+    runs in order of each schema's first table, every table in its schema's run."""
+    from tn.service.service import _by_schema
+
+    a1 = pa.table({"id": pa.array([1], pa.int64()), "v": pa.array([1], pa.int64())})
+    a2 = pa.table({"id": pa.array([2], pa.int64()), "v": pa.array([2], pa.int64())})
+    b1 = pa.table({"id": pa.array([3], pa.int64()), "v": pa.array(["x"])})
+    c1 = pa.table({"v": pa.array([4], pa.int64()), "id": pa.array([4], pa.int64())})
+    assert _by_schema([a1, a2]) == [[a1, a2]]
+    runs = _by_schema([a1, b1, a2, c1, b1])
+    assert [[t.column("id").to_pylist()[0] for t in run] for run in runs] == [[1, 2], [3, 3], [4]]
+    for run in runs:
+        pa.concat_tables(run)  # one schema each

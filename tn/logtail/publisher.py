@@ -78,7 +78,8 @@ class LogtailPublisher:
     ) -> None:
         self.cfg = cfg
         self.view = view
-        self._queue: queue.Queue[Any] = queue.Queue()
+        # SimpleQueue: put on the commit path is one C call, no Condition to notify
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         # A channel of the WAL's transactional bus where the TN fences at the broker
         # (docs/fencing.md): a replaced TN's logtail is then aborted, never applied by a CN.
         self._producer: Producer | TxnChannel = producer if producer is not None else Producer(
