@@ -12,12 +12,11 @@ from confluent_kafka import Consumer, TopicPartition
 import consumers.core.cn as cn_module
 from consumers.core.cn import CN
 from infra.config import KwalConfig
-from infra.metrics import METRICS
 from infra.topics import ensure_topics
 from schemas.logtail import Changes, decode_logtail
 from tests.delivery import NoOffset
 from tests.logtail.conftest import random_txn
-from tests.waiting import wait_until
+from tests.stalled_reader import StalledReader
 from tn.engine import Engine
 from tn.logstore.driver import LogStore
 from tn.logstore.memory_backend import MemoryDriver
@@ -204,29 +203,14 @@ def test_a_logtail_reader_that_stopped_fetching_is_assigned_again(
     t.create_table("db", "s", [("id", "int64"), ("v", "string")], "id")
     t.commit().result(10)
     cn = CN(kwal_config, ["db.s"]).start()
-    pause = threading.Event()
-    real_poll = cn_module.poll_batch
-
-    def poll_pausing_once(consumer: Any, n: int, timeout: float) -> list[Any]:
-        if pause.is_set():
-            consumer.pause(consumer.assignment())
-            pause.clear()
-        return real_poll(consumer, n, timeout)
-
-    def reassigned() -> float:
-        return METRICS.registry.get_sample_value(
-            "kwal_reader_reassigned_total", {"reader": "logtail"}
-        ) or 0.0
-
+    reader = StalledReader(monkeypatch, cn_module, "logtail")
     try:
         t = engine.begin()
         t.insert("db", "s", [{"id": 1, "v": "a"}])
         first = t.commit().result(10)
         assert cn.wait_for(first, timeout_s=30), (cn.watermark(), cn.errors)
-        before = reassigned()
-        monkeypatch.setattr(cn_module, "poll_batch", poll_pausing_once)
-        pause.set()
-        wait_until("the CN paused its partitions", lambda: not pause.is_set(), 30)
+        before = reader.reassigned()
+        reader.stall()
         t = engine.begin()
         t.insert("db", "s", [{"id": 2, "v": "b"}])
         second = t.commit().result(10)
@@ -234,7 +218,7 @@ def test_a_logtail_reader_that_stopped_fetching_is_assigned_again(
         assert cn.wait_for(second, timeout_s=30), (cn.watermark(), cn.errors)
         assert cn.snapshot("db.s").to_pylist() == engine.read("db", "s").to_pylist()
         assert len(cn.snapshot("db.s")) == 2
-        assert reassigned() >= before + 1
+        assert reader.reassigned() >= before + 1
         assert cn.errors == []
     finally:
         cn.close()

@@ -15,7 +15,6 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 import producers.client as client_module
 import tn.service.service as service_module
 from infra.config import KwalConfig
-from infra.metrics import METRICS
 from infra.topics import ensure_topics
 from producers import Client, CommitResult, ConflictError, ValidationError
 from schemas.requests import (
@@ -28,7 +27,7 @@ from schemas.requests import (
 )
 from tests.delivery import NoOffset
 from tests.service.conftest import RunningTn, SlowDriver
-from tests.waiting import wait_until
+from tests.stalled_reader import StalledReader
 from tn.engine import Engine
 from tn.logstore.driver import LogStore
 
@@ -406,38 +405,18 @@ def test_a_requests_reader_that_stopped_fetching_is_assigned_again(
     broker restart; here: its real consumer's partition paused under it): after
     tn.requests_stall_s the TN assigns the partition again at its position, and the
     waiting commit goes through (without the check it never does). Nothing is read
-    twice: one row, one result.
-
-    The pause is made on the request loop's own thread, in its next poll: librdkafka's
-    pause waits for the consumer's queue, and made from another thread while the loop
-    polls it hung the test once (CI, 600 s)."""
+    twice: one row, one result (the stall: tests/stalled_reader.py)."""
     kwal_config.tn.requests_stall_s = 1.0  # the service reads this config object
     setup_table(client)
-    tp = TopicPartition(kwal_config.topics.requests, 0)
-    pause = threading.Event()
-    real_poll = service_module.poll_batch
-
-    def poll_pausing_once(consumer: Any, n: int, timeout: float) -> list[Any]:
-        if pause.is_set():
-            consumer.pause([tp])
-            pause.clear()
-        return real_poll(consumer, n, timeout)
-
-    def reassigned() -> float:
-        return METRICS.registry.get_sample_value(
-            "kwal_reader_reassigned_total", {"reader": "requests"}
-        ) or 0.0
-
-    before = reassigned()
-    monkeypatch.setattr(service_module, "poll_batch", poll_pausing_once)
-    pause.set()
-    wait_until("the request loop paused its partition", lambda: not pause.is_set(), 30)
+    reader = StalledReader(monkeypatch, service_module, "requests")
+    before = reader.reassigned()
+    reader.stall()
     result = client.begin().insert(T, [{"id": 1, "name": "a", "price": 1.0}]).commit(timeout=30)
     assert result.commit_ts > 0
     assert sorted(rows_of(tn)) == [1]
     # at least once: on a busy machine the fresh fetch can outlast the (doubled) wait
     # before the next check, which assigns again (infra.reader_stall, step 4)
-    assert reassigned() >= before + 1
+    assert reader.reassigned() >= before + 1
 
 
 def test_a_results_reader_that_stopped_fetching_is_assigned_again(
@@ -452,28 +431,13 @@ def test_a_results_reader_that_stopped_fetching_is_assigned_again(
     kwal_config.client.results_stall_s = 1.0  # read when the client's results reader starts
     client = client_factory()
     setup_table(client)
-    pause = threading.Event()
-    real_poll = client_module.poll_batch
-
-    def poll_pausing_once(consumer: Any, n: int, timeout: float) -> list[Any]:
-        if pause.is_set():
-            consumer.pause(consumer.assignment())
-            pause.clear()
-        return real_poll(consumer, n, timeout)
-
-    def reassigned() -> float:
-        return METRICS.registry.get_sample_value(
-            "kwal_reader_reassigned_total", {"reader": "results"}
-        ) or 0.0
-
-    before = reassigned()
-    monkeypatch.setattr(client_module, "poll_batch", poll_pausing_once)
-    pause.set()
-    wait_until("the results reader paused its partitions", lambda: not pause.is_set(), 30)
+    reader = StalledReader(monkeypatch, client_module, "results")
+    before = reader.reassigned()
+    reader.stall()
     first = client.begin().insert(T, [{"id": 1, "name": "a", "price": 1.0}]).commit(timeout=30)
     second = client.begin().insert(T, [{"id": 2, "name": "b", "price": 2.0}]).commit(timeout=30)
     assert 0 < first.commit_ts < second.commit_ts
     assert sorted(rows_of(tn)) == [1, 2]
     # at least once: on a busy machine the fresh fetch can outlast the (doubled) wait
     # before the next check, which assigns again (infra.reader_stall, step 4)
-    assert reassigned() >= before + 1
+    assert reader.reassigned() >= before + 1
