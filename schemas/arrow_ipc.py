@@ -149,11 +149,25 @@ def _read_schema(data: bytes, reader: pa.BufferReader) -> pa.Schema:
             reader.seek(len(key))
             return schema
     message = pa.ipc.read_message(reader)
-    schema = pa.ipc.read_schema(message)
+    schema = _named_in_utf8(pa.ipc.read_schema(message))
     if key and message.type == "schema" and reader.tell() == len(key):
         if len(_SCHEMAS) >= _SCHEMAS_MAX:
             _SCHEMAS.clear()  # schemas change rarely: a full cache means churn, start over
         _SCHEMAS[key] = schema
+    return schema
+
+
+def _named_in_utf8(schema: pa.Schema) -> pa.Schema:
+    """`schema`, once every field name in it (nested ones too) reads as UTF-8:
+    UnicodeDecodeError otherwise. Arrow's reader and its full validation take a name's
+    bytes as they come; the first code to ask for the name (a column lookup, a comparison)
+    would raise, far from the decoding (hypothesis found such a damaged request)."""
+    fields = list(schema)
+    while fields:
+        field = fields.pop()
+        field.name  # noqa: B018 - decodes the name: the check
+        kind = field.type
+        fields.extend(kind.field(i) for i in range(kind.num_fields))
     return schema
 
 
@@ -189,6 +203,7 @@ def _read_stream(data: bytes, validate: bool) -> pa.Table:
             return pa.Table.from_batches(batches, schema)
     with pa.ipc.open_stream(pa.py_buffer(data)) as full:
         table = full.read_all()
+    _named_in_utf8(table.schema)
     if validate:
         table.validate(full=True)
     return table

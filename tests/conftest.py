@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import settings as hypothesis_settings
 
 from infra.brokers.apache_kafka import HEAP, JVM_OPTIONS_ENV
 from infra.brokers.local import DEFAULT_BROKER, check_broker
@@ -53,6 +54,13 @@ def _session_log_dir() -> Path:
 
 
 LOG_DIR = _session_log_dir()
+
+# Hypothesis's per-example deadline (200 ms by default) is a time asserted inside a test:
+# on a busy 2-core machine one example can take longer (a request read by hand, 270 ms in
+# a CI run). No deadline for the suite's property tests; each test's own `@settings` still
+# sets its number of examples (they inherit this profile's other values).
+hypothesis_settings.register_profile("kwal", deadline=None)
+hypothesis_settings.load_profile("kwal")
 TEST_BROKER = os.environ.get("KWAL_TEST_BROKER", DEFAULT_BROKER)
 
 # JVM flags for the JVMs the suite starts (a value already in the environment wins). The

@@ -95,6 +95,26 @@ def test_a_message_length_framing_past_the_end_is_refused() -> None:
         ipc_to_table(bytes(data))
 
 
+@pytest.mark.parametrize("kind", ["top level", "nested", "dictionary stream"])
+def test_a_field_name_that_is_no_utf8_is_refused(kind: str) -> None:
+    """A damaged byte in a field's name (top level or inside a struct; a stream with a
+    dictionary goes through pyarrow's own reader): Arrow reads and validates it, and the
+    first lookup of the name would raise UnicodeDecodeError far from the decoding. The
+    codec refuses it (hypothesis found one in a damaged request, tests/schemas/
+    test_requests_avro.py)."""
+    if kind == "top level":
+        table = pa.table({"qqname": [1, 2]})
+    elif kind == "nested":
+        table = pa.table({"s": pa.array([{"qqname": 1}], pa.struct([("qqname", pa.int64())]))})
+    else:
+        table = pa.table({"qqname": pa.array(["a", "b"]).dictionary_encode()})
+    data = table_to_ipc(table)
+    assert data.count(b"qqname") == 1
+    bad = data.replace(b"qqname", b"q\x80name")
+    with pytest.raises(DecodeError, match="utf-8"):
+        ipc_to_table(bad)
+
+
 @pytest.mark.parametrize("kind", ["one batch", "several batches", "dictionary"])
 def test_a_batch_that_only_a_full_check_refuses_is_refused(kind: str) -> None:
     """Bytes that are no UTF-8 in a string column: the framing and the buffers' sizes are
