@@ -93,7 +93,7 @@ class StallWatch:
         log.warning(
             "%s reader: nothing polled for %.0f s while %s; assigning again at its positions",
             self.reader,
-            self.stall_s,
+            self._wait,
             ", ".join(f"{t}[{p}] holds {h - o} past offset {o}" for t, p, o, h in behind),
         )
         self._counter.inc()
