@@ -232,12 +232,12 @@ class _ResultRouter:
         self._plock = threading.Lock()
         self._refs = 0
         self._stop = threading.Event()
+        self._stall = StallWatch("results", cfg.client.results_stall_s, "client.results_stall_s")
         self._consumer = Consumer(results_reader_conf(cfg))
         start = self._end_positions(timeout_s)
         # (topic, partition) -> one past the last result record read: where a reader that
         # stopped fetching is assigned again (`infra.reader_stall`)
         self._positions = {(tp.topic, tp.partition): tp.offset for tp in start}
-        self._stall = StallWatch("results", cfg.client.results_stall_s, "client.results_stall_s")
         self._consumer.assign(start)
         self._thread = threading.Thread(target=self._run, name="kwal-results", daemon=True)
         self._thread.start()
