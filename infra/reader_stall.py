@@ -7,7 +7,9 @@ seen for the TN's requests reader in `tests/faults/test_broker_restart.py` (1 ru
 Every long-lived kwal reader that follows topics by `assign()` (the TN's requests reader,
 a CN's logtail reader, the clients' results reader) runs the same check:
 
-1. each poll tells the watch whether it returned anything (`StallWatch.polled`);
+1. each poll tells the watch whether it returned a record (`StallWatch.polled`, with
+   `has_records`): an error event is no progress (librdkafka can report a fetch failure
+   again and again while the partition delivers nothing);
 2. after `stall_s` with nothing polled, the reader calls `StallWatch.stuck` with the
    position it reads from next on each partition: the watch reads each partition's high
    watermark and the consumer's own position (which moves past transaction markers and
@@ -27,7 +29,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from confluent_kafka import Consumer, TopicPartition
 
@@ -37,6 +40,11 @@ from infra.metrics import METRICS
 log = logging.getLogger(__name__)
 
 MAX_WAIT_S = 60.0  # the longest wait between two checks (step 4's doubling stops there)
+
+
+def has_records(messages: Sequence[Any]) -> bool:
+    """Whether a poll's messages hold a record (not only error events)."""
+    return any(m.error() is None for m in messages)
 
 
 class StallWatch:

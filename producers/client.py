@@ -46,7 +46,7 @@ from infra.kafka_io import FETCH_WAIT_MS, poll_batch
 from infra.objectstore import ObjectStore, open_store
 from infra.principals import client_principal, requests_topic, results_topic
 from infra.queues import drain
-from infra.reader_stall import StallWatch
+from infra.reader_stall import StallWatch, has_records
 from infra.stack import apply_stack
 from producers.exceptions import (
     AbortedError,
@@ -326,7 +326,7 @@ class _ResultRouter:
                     return
                 time.sleep(0.1)
                 continue
-            if self._stall.polled(bool(msgs)):
+            if self._stall.polled(has_records(msgs)):
                 self._unstick()
             for msg in msgs:
                 if msg.error() is not None:

@@ -65,7 +65,7 @@ from infra.config import KwalConfig
 from infra.kafka_io import FETCH_WAIT_MS, poll_batch
 from infra.objectstore import ObjectStore
 from infra.principals import client_principal
-from infra.reader_stall import StallWatch
+from infra.reader_stall import StallWatch, has_records
 from schemas.arrow_ipc import preload
 from schemas.logtail import (
     BlockMeta,
@@ -495,7 +495,7 @@ class CN(CNCore):
                 self._commit()
                 next_commit = time.monotonic() + self._commit_interval_s
             messages = poll_batch(self._consumer, 500, 0.05)
-            if self._stall.polled(bool(messages)) and not self._paused:
+            if self._stall.polled(has_records(messages)) and not self._paused:
                 self._unstick()
             records: list[tuple[str, int, LogtailRecord]] = []
             truncated: list[str] = []

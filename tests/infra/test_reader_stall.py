@@ -12,7 +12,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from infra.config import ConfigError, KwalConfig
 from infra.metrics import METRICS
-from infra.reader_stall import StallWatch
+from infra.reader_stall import StallWatch, has_records
 from tests.conftest import unique
 from tests.waiting import wait_until
 
@@ -109,3 +109,21 @@ def test_stuck_only_with_records_past_both_positions(
     finally:
         consumer.close()
         admin.delete_topics([topic])
+
+
+class _Event:
+    """A polled message: a record (no error) or an error event (logic only)."""
+
+    def __init__(self, error: object | None) -> None:
+        self._error = error
+
+    def error(self) -> object | None:
+        return self._error
+
+
+def test_only_a_record_is_progress_not_an_error_event() -> None:
+    """A poll that returned only error events (librdkafka reporting a failed fetch) is
+    nothing polled: the check still comes due."""
+    assert not has_records([])
+    assert not has_records([_Event("fetch failed"), _Event("fetch failed")])
+    assert has_records([_Event("fetch failed"), _Event(None)])

@@ -89,7 +89,7 @@ from infra.metrics import METRICS, observe_all
 from infra.objectstore import ObjectStore
 from infra.principals import PRINCIPAL_HEADER, scoped_id
 from infra.queues import drain
-from infra.reader_stall import StallWatch
+from infra.reader_stall import StallWatch, has_records
 from schemas.exceptions import CodecError, UnsupportedFormatError
 from schemas.requests import (
     RESULTS_BATCH,
@@ -346,7 +346,7 @@ class TnService:
                 log.exception("consume failed")
                 time.sleep(0.2)
                 continue
-            if self._stall.polled(bool(msgs)):
+            if self._stall.polled(has_records(msgs)):
                 self._unstick(consumer)
             group = Group()
             for msg in msgs:
