@@ -10,14 +10,14 @@ a CN's logtail reader, the clients' results reader) runs the same check:
 1. each poll tells the watch whether it returned a record (`StallWatch.polled`, with
    `has_records`): an error event is no progress (librdkafka can report a fetch failure
    again and again while the partition delivers nothing);
-2. after `stall_s` with nothing polled, the reader calls `StallWatch.stuck` with the
+2. after `stall_s` with nothing polled, the reader calls `StallWatch.unstick` with the
    position it reads from next on each partition: the watch reads each partition's high
    watermark and the consumer's own position (which moves past transaction markers and
    aborted records, never delivered to the reader);
 3. a partition whose high watermark is past both positions is stuck: the watch logs a
-   warning naming it and counts `kwal_reader_reassigned_total{reader=...}`, and the
-   reader assigns its partitions again at its own positions, which starts a fresh fetch
-   state. Nothing is skipped or read twice;
+   warning naming it and counts `kwal_reader_reassigned_total{reader=...}`, and assigns
+   the reader's partitions again at the reader's own positions, which starts a fresh
+   fetch state. Nothing is skipped or read twice;
 4. the next check comes `stall_s` later (a broker that is away fails the check quietly:
    it is made again then); after a reassignment, twice as long as the wait before it (at
    most `MAX_WAIT_S`), until a poll returns something: a fresh fetch state can take more
@@ -106,4 +106,15 @@ class StallWatch:
         )
         self._counter.inc()
         self._wait = min(self._wait * 2, max(MAX_WAIT_S, self.stall_s))
+        return True
+
+    def unstick(self, consumer: Consumer, positions: Mapping[tuple[str, int], int]) -> bool:
+        """Steps 2-3 for a reader whose assignment is exactly `positions`: when `stuck`, assign
+        them again at the reader's positions and resume them (a no-op unless something
+        paused them: a reader paused on purpose does not call this). True when it did."""
+        if not self.stuck(consumer, positions):
+            return False
+        parts = [TopicPartition(t, p, o) for (t, p), o in positions.items()]
+        consumer.assign(parts)
+        consumer.resume(parts)
         return True

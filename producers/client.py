@@ -326,21 +326,15 @@ class _ResultRouter:
                     return
                 time.sleep(0.1)
                 continue
+            # a stalled results reader (`infra.reader_stall`) is assigned again at the
+            # record after the last it read: no result is missed
             if self._stall.polled(has_records(msgs)):
-                self._unstick()
+                self._stall.unstick(self._consumer, self._positions)
             for msg in msgs:
                 if msg.error() is not None:
                     continue
                 self._positions[(msg.topic(), msg.partition())] = msg.offset() + 1
                 self._route(msg.value())
-
-    def _unstick(self) -> None:
-        """The results reader stopped fetching with results waiting: assigned again at the
-        record after the last it read (`infra.reader_stall`), so no result is missed."""
-        if self._stall.stuck(self._consumer, self._positions):
-            parts = [TopicPartition(t, p, o) for (t, p), o in self._positions.items()]
-            self._consumer.assign(parts)
-            self._consumer.resume(parts)
 
     def _route(self, value: bytes | None) -> None:
         """Settle the futures of the results in one record (one result, or a batch of

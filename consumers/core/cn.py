@@ -495,8 +495,11 @@ class CN(CNCore):
                 self._commit()
                 next_commit = time.monotonic() + self._commit_interval_s
             messages = poll_batch(self._consumer, 500, 0.05)
+            # a stalled reader (`infra.reader_stall`) is assigned again at this CN's
+            # positions (one past the last record applied): nothing skipped or applied
+            # twice. Not while paused: a paused reader polls nothing by design
             if self._stall.polled(has_records(messages)) and not self._paused:
-                self._unstick()
+                self._stall.unstick(self._consumer, {(t, 0): o for t, o in self.positions.items()})
             records: list[tuple[str, int, LogtailRecord]] = []
             truncated: list[str] = []
             for m in messages:
@@ -529,18 +532,6 @@ class CN(CNCore):
                 self._consumer.incremental_assign(added)
                 if self._paused:
                     self._consumer.pause(added)
-
-    def _unstick(self) -> None:
-        """A logtail reader that stopped fetching with records waiting (librdkafka after a
-        broker restart, `infra.reader_stall`): every topic assigned again at this CN's
-        positions (one past the last record applied), so nothing is skipped or applied
-        twice. Not while paused: a paused reader polls nothing by design."""
-        assert self._consumer is not None
-        positions = {(t, 0): o for t, o in self.positions.items()}
-        if self._stall.stuck(self._consumer, positions):
-            parts = [TopicPartition(t, 0, o) for t, o in self.positions.items()]
-            self._consumer.assign(parts)
-            self._consumer.resume(parts)
 
     def _skip_control_records(self) -> None:
         """Idle: take the consumer's own positions, which move past what is never

@@ -43,9 +43,8 @@ DELTA_CONF = {
 
 
 # The job's Delta settings (consumers.spark.job.run). Its tables are small and written once
-# per micro-batch, so per-write overheads dominate:
-# - snapshotPartitions: the partitions a table's log is replayed into (default 50: 50 tasks
-#   per snapshot on a 2-core laptop);
+# per micro-batch, so per-write overheads dominate (a local session's snapshot partitions
+# are set for every local session, `build_session`):
 # - stats.collect: per-file column statistics are for data skipping on large scans; the job
 #   never scans by predicate, readers still get correct results without them;
 # - merge.materializeSource: MERGE caches its source unless told it is deterministic; the
@@ -56,7 +55,6 @@ DELTA_CONF = {
 #   follows: a one-row overwrite of `_kwal_job` took 2.1 s with it and 1.2 s without
 #   (medians of 36, load 15-20; docs/perf-spark.md).
 DELTA_JOB_CONF = {
-    "spark.databricks.delta.snapshotPartitions": "2",
     "spark.databricks.delta.stats.collect": "false",
     "spark.databricks.delta.merge.materializeSource": "none",
     "spark.databricks.delta.writeChecksumFile.enabled": "false",
@@ -116,6 +114,11 @@ def build_session(
             builder.master(master or "local[2]")
             .config("spark.driver.memory", driver_memory)
             .config("spark.sql.shuffle.partitions", "2")
+            # the partitions Delta replays a table's log into (default 50: 50 tasks per
+            # snapshot on 2 cores). A tiny Delta write and read in a warm session cost 10.0
+            # CPU-s with 50 and 1.5 with 2 (docs/measurements.md, "Suite CPU").
+            # Without Delta on the classpath the setting is never read
+            .config("spark.databricks.delta.snapshotPartitions", "2")
             .config("spark.driver.bindAddress", "127.0.0.1")
             .config("spark.driver.host", "127.0.0.1")
             .config("spark.ui.enabled", "false")

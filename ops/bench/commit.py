@@ -47,7 +47,7 @@ from confluent_kafka import KafkaException, Producer
 from infra.config import KwalConfig
 from ops.bench.chained import Measured, measure_chained
 from ops.bench.kafka import bench_kafka
-from ops.bench.report import emit, percentile, ratio
+from ops.bench.report import emit, machine_loop_ms, percentile, ratio
 from ops.bench.saturated import BIG_CLIENTS, BIG_INFLIGHT, bench_raw_kafka, bench_saturated
 
 CLIENTS = (1, 16, 64)
@@ -243,7 +243,10 @@ def run(args: Any, cfg: KwalConfig) -> int:
     one_row = not bool(getattr(args, "only_1000row", False))
     big_inflight = int(getattr(args, "big_inflight", BIG_CLIENTS * BIG_INFLIGHT))
     workdir = Path(tempfile.mkdtemp(prefix="kwal-bench-commit-"))
-    out: dict[str, Any] = {"bench": "commit", "seconds": seconds, "clients": list(CLIENTS)}
+    out: dict[str, Any] = {
+        "bench": "commit", "seconds": seconds, "clients": list(CLIENTS),
+        "machine_loop_ms_start": machine_loop_ms(),
+    }
     with bench_kafka(cfg, "commit") as (cfg, where, broker):
         out["broker"] = where
         wal = dataclasses.replace(cfg.wal)

@@ -47,7 +47,7 @@ from infra.config import KwalConfig
 from infra.processes import REPO, child_env
 from infra.topics import ensure_topics
 from ops.bench.kafka import bench_kafka
-from ops.bench.report import emit, percentile, ratio
+from ops.bench.report import emit, machine_loop_ms, percentile, ratio
 from ops.bench.saturated import cpu_s
 from tn.engine import Engine
 from tn.logstore.driver import LogStore
@@ -288,7 +288,9 @@ def _apply_phase(cfg: KwalConfig, engine: Engine, logtail: Any, txns: int) -> di
 def run(args: Any, cfg: KwalConfig) -> int:
     seconds = float(getattr(args, "seconds", 5.0) or 5.0)
     txns = int(getattr(args, "apply_txns", 2000) or 2000)
-    out: dict[str, Any] = {"bench": "logtail", "seconds_per_rate": seconds}
+    out: dict[str, Any] = {
+        "bench": "logtail", "seconds_per_rate": seconds, "machine_loop_ms_start": machine_loop_ms(),
+    }
     with bench_kafka(cfg, "logtail") as (cfg, where, _broker):
         out["kafka"] = where
         out["heartbeat_ms"] = cfg.tn.heartbeat_ms

@@ -44,7 +44,7 @@ import pyarrow as pa
 
 from infra.config import KwalConfig
 from ops.bench import restart_history
-from ops.bench.report import emit, ratio
+from ops.bench.report import emit, machine_loop_ms, ratio
 
 DEFAULT_ROWS = 1_000_000
 DEFAULT_ENTRIES = (10_000, 100_000)
@@ -147,6 +147,7 @@ def run(args: argparse.Namespace, cfg: KwalConfig) -> int:
         store = FolderStore(Path(tmpdir) / "objects")
         result: dict[str, Any] = {
             "bench": "recovery",
+            "machine_loop_ms_start": machine_loop_ms(),
             "backend": "kafka",
             "bootstrap": cfg.bootstrap,
             "embedded_broker": where == "embedded",

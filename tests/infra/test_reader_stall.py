@@ -111,6 +111,41 @@ def test_stuck_only_with_records_past_both_positions(
         admin.delete_topics([topic])
 
 
+def test_unstick_assigns_again_at_the_readers_positions_and_resumes(kwal_config: KwalConfig) -> None:
+    """A stuck reader is assigned again at the positions it gives (here 1, past a record it
+    already took) and resumed: it reads on from there, nothing skipped or read twice; at
+    the end it is left alone."""
+    cfg = kwal_config
+    topic = unique("unstick")
+    admin = AdminClient(cfg.kafka_client())
+    admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(30)
+    producer = Producer(cfg.kafka_client())
+    for i in range(3):
+        producer.produce(topic, f"r{i}".encode())
+    assert producer.flush(30) == 0
+    consumer = Consumer(cfg.kafka_client(**{"group.id": unique("g"), "enable.auto.commit": False}))
+    watch = StallWatch(unique("reader"), 1.0, "x.stall_s")
+    try:
+        tp = TopicPartition(topic, 0, 0)
+        consumer.assign([tp])
+        consumer.pause([tp])
+        assert watch.unstick(consumer, {(topic, 0): 1})
+        got: list[int] = []
+
+        def read_on() -> bool:
+            m = consumer.poll(0.2)
+            if m is not None and m.error() is None:
+                got.append(m.offset() or 0)
+            return len(got) >= 2
+
+        wait_until("the reader read on after unstick", read_on, 30, poll_s=0)
+        assert got == [1, 2]
+        assert not watch.unstick(consumer, {(topic, 0): 3})
+    finally:
+        consumer.close()
+        admin.delete_topics([topic])
+
+
 class _Event:
     """A polled message: a record (no error) or an error event (logic only)."""
 

@@ -55,3 +55,5 @@ def test_bench_recovery_reports_restart_10x_vs_1x(
     result = json.loads(lines[0])
     assert "restart_10x_vs_1x" in result
     assert result["history_entries"] == 20 and result["tail_entries"] == 10
+    # the machine's speed at both ends, to tell a slow machine from a slow change
+    assert result["machine_loop_ms_start"] > 0 and result["machine_loop_ms_end"] > 0

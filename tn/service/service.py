@@ -346,8 +346,8 @@ class TnService:
                 log.exception("consume failed")
                 time.sleep(0.2)
                 continue
-            if self._stall.polled(has_records(msgs)):
-                self._unstick(consumer)
+            if self._stall.polled(has_records(msgs)):  # see "A stuck requests reader"
+                self._stall.unstick(consumer, {(self.cfg.topics.requests, self.partition): self._next_offset})
             group = Group()
             for msg in msgs:
                 err = msg.error()
@@ -383,14 +383,6 @@ class TnService:
         while self._unresolved() and self.log_failure is None and time.monotonic() < deadline:
             self._drain_retries()
             time.sleep(0.01)
-
-    def _unstick(self, consumer: Consumer) -> None:
-        """See "A stuck requests reader"."""
-        position = self._next_offset
-        if self._stall.stuck(consumer, {(self.cfg.topics.requests, self.partition): position}):
-            tp = TopicPartition(self.cfg.topics.requests, self.partition, position)
-            consumer.assign([tp])
-            consumer.resume([tp])  # the TN never pauses it: a no-op unless something did
 
     def _fail(
         self, req: TxnRequest | None, offset: int, key: bytes | None, e: BaseException
