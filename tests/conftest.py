@@ -71,13 +71,19 @@ TEST_BROKER = os.environ.get("KWAL_TEST_BROKER", DEFAULT_BROKER)
 # CN job runs for days on real data and keeps C2 and G1.
 # - SPARK_SUBMIT_OPTS: Spark's launcher adds it to the driver JVM's command line, for the
 #   `spark` fixture's session and for every Spark CN job subprocess a test starts (they
-#   inherit this environment);
+#   inherit this environment). It also sets `spark.sql.codegen.factoryMode=NO_CODEGEN`
+#   (a `-Dspark.*` property is a SparkConf default): Spark evaluates expressions
+#   interpreted instead of compiling generated Java for each query's projections and
+#   predicates, which on the tests' tiny batches costs more than it saves (a warm small
+#   Delta MERGE: 2.66-3.24 -> 2.02-2.41 CPU-s; the Spark kill test's JVMs 165 -> 131
+#   CPU-s; docs/measurements.md, "Suite CPU"). Spark's own test suites use the setting;
+#   a production job keeps codegen;
 # - KWAL_BROKER_JVM_OPTIONS (JVM_OPTIONS_ENV; not KWAL_KAFKA_*, which KwalConfig reads as
 #   Kafka client settings): the Apache Kafka nodes the tests start that are not given
 #   options of their own (`infra.brokers.apache_kafka.default_jvm_options`): the session
 #   broker, RestartableBroker, `kwal up`'s broker.
 TEST_JVM_FLAGS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
-os.environ.setdefault("SPARK_SUBMIT_OPTS", TEST_JVM_FLAGS)
+os.environ.setdefault("SPARK_SUBMIT_OPTS", f"{TEST_JVM_FLAGS} -Dspark.sql.codegen.factoryMode=NO_CODEGEN")
 os.environ.setdefault(JVM_OPTIONS_ENV, f"{HEAP} {TEST_JVM_FLAGS}")
 
 

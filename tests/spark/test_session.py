@@ -99,9 +99,11 @@ def test_the_shared_sessions_workers_import_pyspark_from_site_packages(spark: An
 
 def test_the_shared_sessions_driver_jvm_runs_the_suites_jvm_flags(spark: Any) -> None:
     """tests/conftest.py's SPARK_SUBMIT_OPTS reach the driver JVM (C1 only, the serial
-    collector: the suite's CPU, docs/measurements.md "Suite CPU")."""
+    collector, interpreted expressions: the suite's CPU, docs/measurements.md "Suite CPU"),
+    its `-Dspark.*` property as a session setting."""
     wanted = os.environ.get("SPARK_SUBMIT_OPTS", "").split()
     assert wanted, "tests/conftest.py sets SPARK_SUBMIT_OPTS"
     runtime = spark.sparkContext._jvm.java.lang.management.ManagementFactory.getRuntimeMXBean()
     arguments = list(runtime.getInputArguments())
     assert all(flag in arguments for flag in wanted), (wanted, arguments)
+    assert spark.conf.get("spark.sql.codegen.factoryMode") == "NO_CODEGEN"
