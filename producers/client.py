@@ -28,7 +28,6 @@ every copy with the first outcome (docs/retries.md).
 
 from __future__ import annotations
 
-import logging
 import os
 import queue
 import threading
@@ -70,12 +69,6 @@ from schemas.requests import (
     decode_results,
     encode_request,
 )
-
-log = logging.getLogger(__name__)
-
-# The results reader logs what keeps it from reading (error events, a failing poll) at most
-# this often: enough to tell why a client's commits time out, not a line per poll.
-READER_ERROR_LOG_INTERVAL_S = 30.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -240,7 +233,6 @@ class _ResultRouter:
         self._refs = 0
         self._stop = threading.Event()
         self._stall = StallWatch("results", cfg.client.results_stall_s, "client.results_stall_s")
-        self._next_error_log = 0.0  # `_reader_error`
         self._consumer = Consumer(results_reader_conf(cfg))
         start = self._end_positions(timeout_s)
         # (topic, partition) -> one past the last result record read: where a reader that
@@ -329,10 +321,9 @@ class _ResultRouter:
         while not self._stop.is_set():
             try:
                 msgs = poll_batch(self._consumer, 1000, 0.1)
-            except Exception as e:  # consumer closed under us, broker gone
+            except Exception:  # consumer closed under us, broker gone
                 if self._stop.is_set():
                     return
-                self._reader_error(e)
                 time.sleep(0.1)
                 continue
             # a stalled results reader (`infra.reader_stall`) is assigned again at the
@@ -341,19 +332,9 @@ class _ResultRouter:
                 self._stall.unstick(self._consumer, self._positions)
             for msg in msgs:
                 if msg.error() is not None:
-                    self._reader_error(msg.error())
                     continue
                 self._positions[(msg.topic(), msg.partition())] = msg.offset() + 1
                 self._route(msg.value())
-
-    def _reader_error(self, err: object) -> None:
-        """What keeps the reader from reading (a broker away, a failed fetch, a poll that
-        raised), logged at most every READER_ERROR_LOG_INTERVAL_S: a client whose commits
-        time out then says why in its own log."""
-        now = time.monotonic()
-        if now >= self._next_error_log:
-            self._next_error_log = now + READER_ERROR_LOG_INTERVAL_S
-            log.warning("results reader of %s: %s", self.topic, err)
 
     def _route(self, value: bytes | None) -> None:
         """Settle the futures of the results in one record (one result, or a batch of

@@ -441,4 +441,3 @@ def test_a_results_reader_that_stopped_fetching_is_assigned_again(
     # at least once: on a busy machine the fresh fetch can outlast the (doubled) wait
     # before the next check, which assigns again (infra.reader_stall, step 4)
     assert reader.reassigned() >= before + 1
-
