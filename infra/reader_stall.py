@@ -18,8 +18,8 @@ a CN's logtail reader, the clients' results reader) runs the same check:
    warning naming it and counts `kwal_reader_reassigned_total{reader=...}`, and assigns
    the reader's partitions again at the reader's own positions, which starts a fresh
    fetch state. Nothing is skipped or read twice;
-4. the next check comes `stall_s` later (a broker that is away fails the check quietly:
-   it is made again then); after a reassignment, twice as long as the wait before it (at
+4. the next check comes `stall_s` later (a broker that is away fails the check: it is
+   made again then, with a warning at most every MAX_WAIT_S); after a reassignment, twice as long as the wait before it (at
    most `MAX_WAIT_S`), until a poll returns something: a fresh fetch state can take more
    than `stall_s` to deliver on a busy machine, and assigning again meanwhile would start
    it over each time.
@@ -66,6 +66,7 @@ class StallWatch:
         self._clock = clock
         self._last = clock()
         self._counter = METRICS.reader_reassigned.labels(reader)
+        self._next_failure_log = float("-inf")  # `_check_failed`
 
     def polled(self, got_records: bool) -> bool:
         """Step 1: note one poll. True when the check is due (then the next is due
@@ -94,7 +95,7 @@ class StallWatch:
                 if high > max(position, at.get((topic, partition), -1)):
                     behind.append((topic, partition, position, high))
         except Exception as e:  # noqa: BLE001 - the broker may be away: step 4
-            log.debug("%s reader stall check: %s", self.reader, e)
+            self._check_failed(e)
             return False
         if not behind:
             return False
@@ -107,6 +108,24 @@ class StallWatch:
         self._counter.inc()
         self._wait = min(self._wait * 2, max(MAX_WAIT_S, self.stall_s))
         return True
+
+    def _check_failed(self, e: Exception) -> None:
+        """A check that could not read the partitions' ends is a warning, at most one per
+        MAX_WAIT_S: a broker that is away fails every check (step 4), and a reader whose
+        own client cannot reach the broker while others can would otherwise stall without
+        a word."""
+        now = self._clock()
+        if now < self._next_failure_log:
+            log.debug("%s reader stall check: %s", self.reader, e)
+            return
+        self._next_failure_log = now + MAX_WAIT_S
+        log.warning(
+            "%s reader: nothing polled for %.0f s and the stall check could not read the "
+            "partitions' ends (%s); it is made again later",
+            self.reader,
+            self._wait,
+            e,
+        )
 
     def unstick(self, consumer: Consumer, positions: Mapping[tuple[str, int], int]) -> bool:
         """Steps 2-3 for a reader whose assignment is exactly `positions`: when `stuck`, assign

@@ -12,7 +12,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from infra.config import ConfigError, KwalConfig
 from infra.metrics import METRICS
-from infra.reader_stall import StallWatch, has_records
+from infra.reader_stall import MAX_WAIT_S, StallWatch, has_records
 from tests.conftest import unique
 from tests.waiting import wait_until
 
@@ -144,6 +144,30 @@ def test_unstick_assigns_again_at_the_readers_positions_and_resumes(kwal_config:
     finally:
         consumer.close()
         admin.delete_topics([topic])
+
+
+def test_a_check_that_cannot_read_the_ends_warns_once_per_max_wait(
+    kwal_config: KwalConfig, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A check that cannot read a partition's end (here a topic that does not exist) is not
+    a stall, and says why in a warning, at most once per MAX_WAIT_S of the watch's clock."""
+    consumer = Consumer(kwal_config.kafka_client(**{"group.id": unique("g")}))
+    clock = Clock()
+    watch = StallWatch(unique("reader"), 1.0, "x.stall_s", clock)
+    missing = {(unique("no-such-topic"), 0): 0}
+    said = "the stall check could not read the partitions' ends"
+    try:
+        with caplog.at_level(logging.WARNING, logger="infra.reader_stall"):
+            assert not watch.stuck(consumer, missing)
+            assert caplog.text.count(said) == 1
+            clock.now += MAX_WAIT_S - 1
+            assert not watch.stuck(consumer, missing)
+            assert caplog.text.count(said) == 1
+            clock.now += 1
+            assert not watch.stuck(consumer, missing)
+            assert caplog.text.count(said) == 2
+    finally:
+        consumer.close()
 
 
 class _Event:
