@@ -128,7 +128,10 @@ def start_tn(
     cfg: KwalConfig, store: ObjectStore, heartbeats: bool = True, physical: bool | None = None
 ) -> Tn:
     ensure_topics(cfg)
-    cfg.tn.heartbeat_ms = 20
+    # heartbeats at the default interval (200 ms), not faster: at 20 ms an idle TN cost the
+    # broker 8-15% of a core, and a topic written every 20 ms never gives a Spark source's
+    # end probe (`consumers.spark.kafka_io`, 50 ms fetch wait) the empty fetch that ends it,
+    # so every available-now start and catalog read waited out its 10 s bound
     engine = Engine(LogStore(MemoryDriver()))
     logtail = attach_logtail(engine, cfg, heartbeats=heartbeats)
     truncator = LogtailTruncator(cfg, physical=physical)
