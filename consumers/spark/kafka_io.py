@@ -8,9 +8,15 @@ can lag (the embedded broker reports the base offset of the last batch + 1). Ins
 - when `hw` has not moved since the last probe, the end found then still holds (a new batch
   always moves the reported value, on both Apache Kafka and the embedded broker);
 - otherwise a probe consumer is assigned at `hw - 1` (an offset known to exist) and reads
-  until the fetch reports end-of-partition (`enable.partition.eof`), keeping the highest
-  offset seen. That reads only the tail (typically the last batch) and waits at most one
-  fetch round trip (`fetch.wait.max.ms`) per partition, bounded by a deadline.
+  until it is at the end as of its last fetch, keeping the highest offset seen: the fetch
+  reports end-of-partition (`enable.partition.eof`, an empty fetch), or, after a poll
+  that returned something for the partition, the consumer's position has reached the
+  high watermark that fetch reported (librdkafka's cached one; the last stable offset,
+  read committed). The second is needed for a topic written more often than the fetch
+  wait (heartbeats every few ms): its fetches are never empty, and the probe would read
+  new records until its deadline. That reads only the tail (typically the last batch)
+  and waits at most one fetch round trip (`fetch.wait.max.ms`) per partition, bounded by
+  a deadline.
 
 Every wait is bounded; clients never subscribe (no group join), they `assign()`.
 """
@@ -183,11 +189,13 @@ class EndFinder:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     break
+                fetched: set[TopicPartitionKey] = set()
                 for m in poll_batch(c, 10000, min(0.02, left)):
                     key = (str(m.topic()), int(m.partition() or 0))
                     err = m.error()
                     if key not in best:
                         continue
+                    fetched.add(key)
                     if err is None:
                         best[key] = max(best[key], _offset(m) + 1)
                     elif err.code() == KafkaError._PARTITION_EOF:
@@ -200,9 +208,33 @@ class EndFinder:
                         pending.discard(key)  # deleted under us: keep the lower bound
                     elif err.fatal():
                         raise KafkaSourceError(f"fatal Kafka error while probing {key}: {err}")
+                _at_fetched_end(c, fetched & pending, best, pending)
         finally:
             c.unassign()
         return {key: (best[key], key not in pending) for key in seek}
+
+
+def _at_fetched_end(
+    c: Consumer,
+    keys: Iterable[TopicPartitionKey],
+    best: dict[TopicPartitionKey, int],
+    pending: set[TopicPartitionKey],
+) -> None:
+    """The partitions of `keys` (each got something from this poll, so from a fetch of
+    this probe) whose consumer position has reached the high watermark of that fetch are at
+    their end: taken off `pending`, their end the position (it moves past transaction
+    markers, which are never delivered). An unknown watermark or position (-1001) leaves a
+    partition pending."""
+    for key in keys:
+        tp = TopicPartition(key[0], key[1])
+        try:
+            _low, high = c.get_watermark_offsets(tp, cached=True)
+            position = c.position([tp])[0].offset
+        except KafkaException:
+            continue
+        if high >= 0 and position >= 0 and position >= high:
+            best[key] = max(best[key], position)
+            pending.discard(key)
 
 
 def read_range(

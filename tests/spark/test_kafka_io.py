@@ -3,10 +3,12 @@ high watermark, exact range reads, bounded waits."""
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pyarrow as pa
 import pytest
+from confluent_kafka import Producer
 
 from consumers.spark.kafka_io import EndFinder, KafkaSourceError, read_range
 from consumers.spark.offsets import OffsetRange
@@ -14,6 +16,7 @@ from consumers.spark.source import SOURCE_SCHEMA
 from infra.processes import ServerProcess
 from tests.conftest import TEST_BROKER, unique
 from tests.spark.helpers import create_topic, produce
+from tests.waiting import wait_until
 
 
 def _arrow_schema() -> pa.Schema:
@@ -151,3 +154,43 @@ def test_available_now_reads_up_to_the_ends_found_when_it_began(kafka_bootstrap:
         early.stop()
     finally:
         reader.stop()
+
+
+def test_the_end_of_a_topic_written_without_pause_is_found_while_it_is_written(
+    kafka_bootstrap: str,
+) -> None:
+    """A partition that gets a record more often than the probe's fetch wait (50 ms) never
+    gives it an empty fetch, so never end-of-partition: its end is still found, once the
+    probe's position reaches the high watermark of its own fetch, while the writer goes on
+    (before, the probe read on until its bound: 10 s at every available-now start on a
+    topic with 20 ms heartbeats). The end is at or past the watermark read before, and
+    every offset below it exists."""
+    topic = unique("src-busy-")
+    create_topic(kafka_bootstrap, topic, 1)
+    produce(kafka_bootstrap, topic, 1, 0, 50)
+    stop = threading.Event()
+    written = [50]
+
+    def write() -> None:
+        p = Producer({"bootstrap.servers": kafka_bootstrap, "linger.ms": 0})
+        until = time.monotonic() + 120  # a bound on a hang only: the test stops it first
+        while not stop.is_set() and time.monotonic() < until:
+            p.produce(topic, b"x")
+            p.flush(10)
+            written[0] += 1
+            stop.wait(0.005)
+
+    writer = threading.Thread(target=write, daemon=True)
+    finder = EndFinder({"bootstrap.servers": kafka_bootstrap}, timeout_s=600.0, probe_s=600.0)
+    writer.start()
+    try:
+        wait_until("the writer wrote", lambda: written[0] > 60)
+        key = (topic, 0)
+        wm = finder.watermarks([key])
+        end = finder.ends([key], wm, probe_s=600.0)[key]
+        assert writer.is_alive(), "the probe ended only when the writer stopped"
+    finally:
+        stop.set()
+        writer.join(30)
+        finder.close()
+    assert wm[key][1] <= end <= written[0]
