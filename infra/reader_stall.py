@@ -19,10 +19,10 @@ a CN's logtail reader, the clients' results reader) runs the same check:
    the reader's partitions again at the reader's own positions, which starts a fresh
    fetch state. Nothing is skipped or read twice;
 4. the next check comes `stall_s` later (a broker that is away fails the check: it is
-   made again then, with a warning at most every MAX_WAIT_S); after a reassignment, twice as long as the wait before it (at
-   most `MAX_WAIT_S`), until a poll returns something: a fresh fetch state can take more
-   than `stall_s` to deliver on a busy machine, and assigning again meanwhile would start
-   it over each time.
+   made again then, with a warning at most every `MAX_WAIT_S`); after a reassignment,
+   twice as long as the wait before it (at most `MAX_WAIT_S`), until a poll returns
+   something: a fresh fetch state can take more than `stall_s` to deliver on a busy
+   machine, and assigning again meanwhile would start it over each time.
 """
 
 from __future__ import annotations

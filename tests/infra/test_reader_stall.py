@@ -50,14 +50,9 @@ def test_a_stall_time_that_is_not_positive_is_refused_naming_the_setting(value: 
         StallWatch("logtail", value, "cn.logtail_stall_s")
 
 
-def test_stuck_only_with_records_past_both_positions(
-    kwal_config: KwalConfig, caplog: pytest.LogCaptureFixture
-) -> None:
-    """A reader paused at offset 0 of a topic holding 3 records is stuck (and counted
-    under its label, named in the warning); at its end it is not, nor is a reader whose
-    own position lags while the consumer's is at the end (markers it never sees)."""
-    cfg = kwal_config
-    topic = unique("stall")
+def _three_records(cfg: KwalConfig, prefix: str) -> tuple[AdminClient, str, Consumer]:
+    """A new one-partition topic holding 3 records, and a consumer (not yet assigned)."""
+    topic = unique(prefix)
     admin = AdminClient(cfg.kafka_client())
     admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(30)
     producer = Producer(cfg.kafka_client())
@@ -65,6 +60,16 @@ def test_stuck_only_with_records_past_both_positions(
         producer.produce(topic, f"r{i}".encode())
     assert producer.flush(30) == 0
     consumer = Consumer(cfg.kafka_client(**{"group.id": unique("g"), "enable.auto.commit": False}))
+    return admin, topic, consumer
+
+
+def test_stuck_only_with_records_past_both_positions(
+    kwal_config: KwalConfig, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A reader paused at offset 0 of a topic holding 3 records is stuck (and counted
+    under its label, named in the warning); at its end it is not, nor is a reader whose
+    own position lags while the consumer's is at the end (markers it never sees)."""
+    admin, topic, consumer = _three_records(kwal_config, "stall")
     label = unique("reader")
     clock = Clock()
     watch = StallWatch(label, 1.0, "x.stall_s", clock)
@@ -115,15 +120,7 @@ def test_unstick_assigns_again_at_the_readers_positions_and_resumes(kwal_config:
     """A stuck reader is assigned again at the positions it gives (here 1, past a record it
     already took) and resumed: it reads on from there, nothing skipped or read twice; at
     the end it is left alone."""
-    cfg = kwal_config
-    topic = unique("unstick")
-    admin = AdminClient(cfg.kafka_client())
-    admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(30)
-    producer = Producer(cfg.kafka_client())
-    for i in range(3):
-        producer.produce(topic, f"r{i}".encode())
-    assert producer.flush(30) == 0
-    consumer = Consumer(cfg.kafka_client(**{"group.id": unique("g"), "enable.auto.commit": False}))
+    admin, topic, consumer = _three_records(kwal_config, "unstick")
     watch = StallWatch(unique("reader"), 1.0, "x.stall_s")
     try:
         tp = TopicPartition(topic, 0, 0)
