@@ -156,28 +156,43 @@ def test_available_now_reads_up_to_the_ends_found_when_it_began(kafka_bootstrap:
         reader.stop()
 
 
+@pytest.mark.parametrize("transactional", [False, True], ids=["plain", "transactions"])
 def test_the_end_of_a_topic_written_without_pause_is_found_while_it_is_written(
-    kafka_bootstrap: str,
+    kafka_bootstrap: str, transactional: bool
 ) -> None:
     """A partition that gets a record more often than the probe's fetch wait (50 ms) never
     gives it an empty fetch, so never end-of-partition: its end is still found, once the
     probe's position reaches the high watermark of its own fetch, while the writer goes on
     (before, the probe read on until its bound: 10 s at every available-now start on a
     topic with 20 ms heartbeats). The end is at or past the watermark read before, and
-    every offset below it exists."""
+    every offset below it exists. Also with one transaction per record, as the TN writes
+    its topics: an end taken from the position counts the commit markers (there, a
+    transaction's round trips can leave the fetch an empty moment, so end-of-partition
+    may come first)."""
     topic = unique("src-busy-")
     create_topic(kafka_bootstrap, topic, 1)
     produce(kafka_bootstrap, topic, 1, 0, 50)
     stop = threading.Event()
-    written = [50]
+    written = [50]  # offsets used: records, and a marker per transaction
 
     def write() -> None:
-        p = Producer({"bootstrap.servers": kafka_bootstrap, "linger.ms": 0})
+        conf = {"bootstrap.servers": kafka_bootstrap, "linger.ms": 0}
+        if transactional:
+            conf["transactional.id"] = topic
+        p = Producer(conf)
+        if transactional:
+            p.init_transactions(30)
         until = time.monotonic() + 120  # a bound on a hang only: the test stops it first
         while not stop.is_set() and time.monotonic() < until:
-            p.produce(topic, b"x")
-            p.flush(10)
-            written[0] += 1
+            if transactional:
+                p.begin_transaction()
+                p.produce(topic, b"x")
+                p.commit_transaction(30)
+                written[0] += 2
+            else:
+                p.produce(topic, b"x")
+                p.flush(10)
+                written[0] += 1
             stop.wait(0.005)
 
     writer = threading.Thread(target=write, daemon=True)
