@@ -10,7 +10,7 @@ can lag (the embedded broker reports the base offset of the last batch + 1). Ins
 - otherwise a probe consumer is assigned at `hw - 1` (an offset known to exist) and reads
   until it is at the end as of its last fetch, keeping the highest offset seen: the fetch
   reports end-of-partition (`enable.partition.eof`, an empty fetch), or, after a poll
-  that returned something for the partition, the consumer's position has reached the
+  that returned a record of the partition, the consumer's position has reached the
   high watermark that fetch reported (librdkafka's cached one; the last stable offset,
   read committed). The second is needed for a topic written more often than the fetch
   wait (heartbeats every few ms): its fetches are never empty, and the probe would read
@@ -195,8 +195,8 @@ class EndFinder:
                     err = m.error()
                     if key not in best:
                         continue
-                    fetched.add(key)
                     if err is None:
+                        fetched.add(key)
                         best[key] = max(best[key], _offset(m) + 1)
                     elif err.code() == KafkaError._PARTITION_EOF:
                         best[key] = max(best[key], _offset(m))
@@ -220,11 +220,11 @@ def _at_fetched_end(
     best: dict[TopicPartitionKey, int],
     pending: set[TopicPartitionKey],
 ) -> None:
-    """The partitions of `keys` (each got something from this poll, so from a fetch of
-    this probe) whose consumer position has reached the high watermark of that fetch are at
-    their end: taken off `pending`, their end the position (it moves past transaction
-    markers, which are never delivered). An unknown watermark or position (-1001) leaves a
-    partition pending."""
+    """The partitions of `keys` (each got a record from this poll, so from a fetch of this
+    probe: the cached high watermark is that fetch's or newer) whose consumer position has
+    reached the high watermark of that fetch are at their end: taken off `pending`, their
+    end the position (it moves past transaction markers, which are never delivered). An
+    unknown watermark or position (-1001) leaves a partition pending."""
     for key in keys:
         tp = TopicPartition(key[0], key[1])
         try:
