@@ -44,6 +44,7 @@ from infra.config import KwalConfig, ObjectStoreConfig
 from infra.objectstore import FolderStore, S3Store
 from tests.logtail.conftest import COLUMNS, random_steps, start_tn
 from tests.spark.helpers import tn_rows
+from tests.waiting import wait_until
 
 TIMEOUT_S = 600  # a bound on a hang: under load 30 on 2 cores two batches took over 240 s
 CATCH_UP_S = 600  # the restarted job's bound (under load a Delta commit took seconds)
@@ -195,7 +196,27 @@ def _job(
         "--output", str(output), "--trigger", trigger, "--from-checkpoint", "never", *extra,
     ]
     with open(log, "a") as err:
-        return subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=err, text=True)
+        # a process group of its own: the Spark driver JVM is the job's child, and a kill
+        # of the job alone leaves it writing the job's checkpoint for a while
+        return subprocess.Popen(
+            argv, env=env, stdout=subprocess.DEVNULL, stderr=err, text=True, start_new_session=True
+        )
+
+
+def _kill_job(job: subprocess.Popen[str]) -> None:
+    """SIGKILL the job's process group (its Spark JVM too) and wait until none of it runs."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(job.pid, signal.SIGKILL)
+    job.wait(30)
+
+    def gone() -> bool:
+        try:
+            os.killpg(job.pid, 0)
+        except ProcessLookupError:
+            return True
+        return False
+
+    wait_until("the job's process group ended", gone, 30)
 
 
 def _tail(log: Path, lines: int = 40) -> str:
@@ -307,8 +328,7 @@ def test_job_killed_mid_stream_and_restarted_writes_each_row_once(
             else:  # enough load: poll the job's progress (the wait ends early if it dies)
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     job.wait(0.2)
-        job.send_signal(signal.SIGKILL)
-        job.wait(30)
+        _kill_job(job)
         killed_at = _committed_batch(work)
         # its work directory (progress, change log, Spark checkpoint) is lost: the restart
         # resumes from the output alone (`_kwal_job`, consumers.spark.job_state)
@@ -389,8 +409,7 @@ def test_job_killed_mid_stream_and_restarted_writes_each_row_once(
         assert _user_rows(got, list(want[0]) if want else []) == want, ("kwal cn query", ts)
     finally:
         if job is not None and job.poll() is None:
-            job.kill()
-            job.wait(30)
+            _kill_job(job)
         tn.close()
 
 
