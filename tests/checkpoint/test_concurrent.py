@@ -7,11 +7,20 @@ import threading
 from pathlib import Path
 
 from infra.objectstore import FolderStore
-from tests.checkpoint.helpers import create, memory_rows, open_log, reads, restart, shutdown
+from tests.checkpoint.helpers import (
+    create,
+    insert,
+    memory_rows,
+    open_log,
+    reads,
+    restart,
+    shutdown,
+)
 from tn.checkpoint.manifest import Manifest
 from tn.checkpoint.runner import CheckpointRunner
 from tn.engine import Engine
 from tn.exceptions import ConflictError
+from tn.memtable.block import BLOCK_ROWS
 
 
 def test_checkpoints_during_concurrent_commits(tmp_path: Path):
@@ -70,4 +79,32 @@ def test_checkpoints_during_concurrent_commits(tmp_path: Path):
     shutdown(eng)
     rec = restart(wal, store)
     assert reads(rec.engine, sample) == expected
+    shutdown(rec.engine)
+
+
+def test_a_checkpoint_keeps_the_rows_a_running_transaction_holds_in_a_full_block(tmp_path: Path):
+    """A transaction's rows sit in the memtable before it commits (commit ts MAX_TS). A
+    checkpoint that finds them filling a block must not take the block for complete:
+    dropping it from memory lost those rows once they committed, and their WAL entry
+    went with the next truncation (CI run u10: a restart met a delete of a row with
+    no key)."""
+    store = FolderStore(tmp_path / "objects")
+    wal = tmp_path / "wal"
+    eng = Engine(open_log(wal))
+    runner = CheckpointRunner(eng, store)
+    create(eng)
+    insert(eng, 0, BLOCK_ROWS - 5)
+    running = eng.begin()
+    late = range(BLOCK_ROWS - 5, BLOCK_ROWS)
+    running.insert("db", "t", [{"id": i, "v": "late", "x": 0.0} for i in late])
+    assert runner.checkpoint() is not None
+    ts = running.commit().result(timeout=10)
+    assert runner.checkpoint() is not None
+    assert memory_rows(eng) == 0  # the block was dumped whole, then dropped
+    expected = reads(eng, [ts])
+    assert len(expected[0]) == BLOCK_ROWS
+    assert {r["id"] for r in expected[0] if r["v"] == "late"} == set(late)
+    shutdown(eng)
+    rec = restart(wal, store)
+    assert reads(rec.engine, [ts]) == expected
     shutdown(rec.engine)

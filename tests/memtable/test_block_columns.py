@@ -173,6 +173,18 @@ def test_a_block_fills_at_block_rows_and_the_next_one_opens():
         td.blocks[0].mem.write({ID: [1]}, 0, 1, MAX_TS)
 
 
+def test_a_block_holding_a_running_transactions_rows_is_not_flushed():
+    """Its object cannot hold rows whose commit ts is not known yet: flush refuses, and
+    the block keeps its rows (tests/checkpoint/test_concurrent.py has the checkpoint
+    that must not try)."""
+    td = table_data()
+    ((blk, _, _, _),) = td.append(rows(0, 4), 4, MAX_TS)
+    blk.mem.set_cts(0, 3, 5)  # row 3 still belongs to a running transaction
+    with pytest.raises(ValueError, match=r"running transaction \(row 3\)"):
+        blk.mem.flush(None, "data/10/100-1.parquet", "", ID)
+    assert not blk.mem.flushed and read(blk.mem)[ID] == [0, 1, 2, 3]
+
+
 def test_rows_in_memory_are_not_python_objects():
     """The block's values live in arrays: appending 8,000 rows leaves no int, float or
     str per value in Python's allocator (24,000 blocks if it did)."""

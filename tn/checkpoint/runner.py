@@ -58,6 +58,7 @@ from tn.checkpoint.dump import (
     dump_data,
     dump_delta,
     filter_key,
+    settled,
     table_columns,
     to_parquet,
 )
@@ -104,7 +105,7 @@ def block_complete(blk: BlockNode, data_ts: int) -> bool:
     if n < BLOCK_ROWS or not data_ts:
         return False
     cts = np.array(mem.cts[:n], dtype=np.int64)
-    return bool(np.all((cts <= data_ts) | (cts >= ABORTED_TS)))
+    return settled(cts, data_ts)
 
 
 class CheckpointRunner:

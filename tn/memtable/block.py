@@ -201,6 +201,11 @@ class MemBlock:
         if n is None:
             n = self.n
         cts = np.asarray(self.cts[:n], dtype=np.int64)
+        if len(cts) == n and bool((cts == MAX_TS).any()):
+            # a running transaction's rows: the object cannot hold them, and its commit
+            # would find the block's commit ts final (checked here, not found as lost rows)
+            row = int(np.argmax(cts == MAX_TS))
+            raise ValueError(f"block with rows of a running transaction (row {row}) flushed")
         dts = np.asarray(self.dts[:n], dtype=np.int64)
         base = loc_ts(delta_loc)
         late = np.nonzero((dts != MAX_TS) & (dts > base))[0]
