@@ -250,9 +250,13 @@ def _await_metadata(admin: AdminClient, names: list[str], timeout_s: float, wher
 
 # ListOffsets errors that mean "this partition's leader does not serve it yet", besides
 # those Kafka marks retriable (UNKNOWN_LEADER_EPOCH: "leader epoch is newer than broker
-# epoch", seen while a new leader applies its metadata)
+# epoch", seen while a new leader applies its metadata). _NOENT is librdkafka's own
+# "Failed to query partition leaders: No leaders found": on a multi-broker cluster the
+# broker that answered its metadata request had not yet learnt the new topic's leader
+# (CI run of stop 44, tests/faults/test_cluster.py, right after create_topics).
 _NOT_SERVING_YET = frozenset(
     {
+        KafkaError._NOENT,
         KafkaError.NOT_LEADER_FOR_PARTITION,
         KafkaError.LEADER_NOT_AVAILABLE,
         KafkaError.UNKNOWN_TOPIC_OR_PART,
