@@ -180,7 +180,7 @@ def test_a_block_holding_a_running_transactions_rows_is_not_flushed():
     td = table_data()
     ((blk, _, _, _),) = td.append(rows(0, 4), 4, MAX_TS)
     blk.mem.set_cts(0, 3, 5)  # row 3 still belongs to a running transaction
-    with pytest.raises(ValueError, match=r"running transaction \(row 3\)"):
+    with pytest.raises(ValueError, match=r"running transaction's rows \(row 3\)"):
         blk.mem.flush(None, "data/10/100-1.parquet", "", ID)
     assert not blk.mem.flushed and read(blk.mem)[ID] == [0, 1, 2, 3]
 

@@ -205,7 +205,7 @@ class MemBlock:
             # a running transaction's rows: the object cannot hold them, and its commit
             # would find the block's commit ts final (checked here, not found as lost rows)
             row = int(np.argmax(cts == MAX_TS))
-            raise ValueError(f"block with rows of a running transaction (row {row}) flushed")
+            raise ValueError(f"cannot flush a block holding a running transaction's rows (row {row})")
         dts = np.asarray(self.dts[:n], dtype=np.int64)
         base = loc_ts(delta_loc)
         late = np.nonzero((dts != MAX_TS) & (dts > base))[0]
