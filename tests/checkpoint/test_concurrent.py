@@ -6,6 +6,8 @@ import random
 import threading
 from pathlib import Path
 
+import pytest
+
 from infra.objectstore import FolderStore
 from tests.checkpoint.helpers import (
     create,
@@ -82,12 +84,15 @@ def test_checkpoints_during_concurrent_commits(tmp_path: Path):
     shutdown(rec.engine)
 
 
-def test_a_checkpoint_keeps_the_rows_a_running_transaction_holds_in_a_full_block(tmp_path: Path):
+@pytest.mark.parametrize("outcome", ["commit", "rollback"])
+def test_a_checkpoint_keeps_the_rows_a_running_transaction_holds_in_a_full_block(
+    tmp_path: Path, outcome: str
+):
     """A transaction's rows sit in the memtable before it commits (commit ts MAX_TS). A
     checkpoint that finds them filling a block must not take the block for complete:
     dropping it from memory lost those rows once they committed, and their WAL entry
     went with the next truncation (CI run u10: a restart met a delete of a row with
-    no key)."""
+    no key). Rolled back instead, they are placeholders the next checkpoint leaves out."""
     store = FolderStore(tmp_path / "objects")
     wal = tmp_path / "wal"
     eng = Engine(open_log(wal))
@@ -98,12 +103,17 @@ def test_a_checkpoint_keeps_the_rows_a_running_transaction_holds_in_a_full_block
     late = range(BLOCK_ROWS - 5, BLOCK_ROWS)
     running.insert("db", "t", [{"id": i, "v": "late", "x": 0.0} for i in late])
     assert runner.checkpoint() is not None
-    ts = running.commit().result(timeout=10)
+    if outcome == "commit":
+        ts = running.commit().result(timeout=10)
+    else:
+        running.rollback()
+        ts = eng.heartbeat().result(timeout=10)
     assert runner.checkpoint() is not None
     assert memory_rows(eng) == 0  # the block was dumped whole, then dropped
     expected = reads(eng, [ts])
-    assert len(expected[0]) == BLOCK_ROWS
-    assert {r["id"] for r in expected[0] if r["v"] == "late"} == set(late)
+    kept = set(late) if outcome == "commit" else set()
+    assert len(expected[0]) == BLOCK_ROWS - 5 + len(kept)
+    assert {r["id"] for r in expected[0] if r["v"] == "late"} == kept
     shutdown(eng)
     rec = restart(wal, store)
     assert reads(rec.engine, [ts]) == expected

@@ -145,6 +145,10 @@ class CheckpointRunner:
         # without a recovered memo index (fresh engine / full replay), the first
         # checkpoint dumps every block
         self._full_scan = touched is None
+        # full blocks the last checkpoint left in memory for rows of transactions still
+        # running: one that then rolls back touches the block in no commit, so the memo
+        # would never name it again (`_revisit`)
+        self._unsettled: set[int] = set()
         self._sizes: dict[str, int] = dict(last.objects) if last is not None else {}
         self._wal_since = 0  # bytes of WAL entries since the last checkpoint (approx.)
         self._entries_since = 0
@@ -221,13 +225,25 @@ class CheckpointRunner:
         if self._full_scan:
             dirty = [n for n in nodes if isinstance(n, BlockNode) and n.create_ts <= t1]
         else:
-            ids = {b for e in entries for b in e.blocks}
+            ids = {b for e in entries for b in e.blocks} | self._revisit(cat)
             dirty = [n for n in nodes if isinstance(n, BlockNode) and n.id in ids]
         if not dirty and lsn == prev_lsn and self.last is not None:
             return None
         # (2) dump
         with ThreadPoolExecutor(self.put_workers, thread_name_prefix="kwal-ckpt-put") as pool:
             return self._checkpoint_with(pool, t0, t1, lsn, prev_lsn, dirty, offsets)
+
+    def _revisit(self, cat: Any) -> set[int]:
+        """The unsettled blocks of the last checkpoint whose rows have all settled since
+        (each running transaction committed or rolled back)."""
+        out = set()
+        for bid in list(self._unsettled):
+            blk = cat.nodes.get(bid)
+            if not isinstance(blk, BlockNode) or blk.mem.flushed:
+                self._unsettled.discard(bid)
+            elif block_complete(blk, loc_ts(blk.meta_loc)):
+                out.add(bid)
+        return out
 
     def _checkpoint_with(
         self,
@@ -277,6 +293,10 @@ class CheckpointRunner:
                 written.append(delta)
             if meta != blk.meta_loc or delta != blk.delta_loc:
                 flushes.append((blk, meta, delta))
+            if blk.id in complete or len(blk.mem) < BLOCK_ROWS:
+                self._unsettled.discard(blk.id)
+            else:
+                self._unsettled.add(blk.id)
             if len(written) <= 2 and self.hook is not None:
                 drain()  # the first block's objects are in the store at this step
                 self._step("dump_one")
