@@ -234,14 +234,15 @@ class CheckpointRunner:
             return self._checkpoint_with(pool, t0, t1, lsn, prev_lsn, dirty, offsets)
 
     def _revisit(self, cat: Any) -> set[int]:
-        """The unsettled blocks of the last checkpoint whose rows have all settled since
-        (each running transaction committed or rolled back)."""
+        """The unsettled blocks of the last checkpoints whose transactions have all ended
+        since (committed or rolled back): the dump then decides again, from the block's
+        rows and objects as they are (also when the checkpoint that left it failed)."""
         out = set()
         for bid in list(self._unsettled):
             blk = cat.nodes.get(bid)
             if not isinstance(blk, BlockNode) or blk.mem.flushed:
                 self._unsettled.discard(bid)
-            elif block_complete(blk, loc_ts(blk.meta_loc)):
+            elif not bool((np.asarray(blk.mem.cts[: len(blk.mem)]) == MAX_TS).any()):
                 out.add(bid)
         return out
 
