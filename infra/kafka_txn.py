@@ -66,6 +66,26 @@ def is_fenced(err: KafkaError | None) -> bool:
     return err is not None and err.code() in FENCED_CODES
 
 
+def fatal_cause(producer: Producer, err: KafkaError, timeout_s: float) -> KafkaError:
+    """The error that made a transactional producer fatal, for an error that only says so.
+
+    Why: `produce` on a producer librdkafka has already declared fatal raises `_FATAL`
+    ("Unable to produce message: Local: Fatal error"), not flagged fatal and without the
+    cause, while the transactional API raises the cause itself (`_FENCED` when a newer
+    instance fenced this one). A TN resumed after a freeze took its fencing for another
+    fatal error, reopened its log, and so fenced the TN that had taken over (CI run v5,
+    tests/faults/test_split_brain.py). Any other error is returned as it is."""
+    if err.code() != KafkaError._FATAL:
+        return err
+    try:
+        producer.abort_transaction(timeout_s)
+    except KafkaException as e:
+        inner = e.args[0] if e.args and isinstance(e.args[0], KafkaError) else None
+        if inner is not None and inner.fatal():
+            return inner
+    return KafkaError(KafkaError._FATAL, err.str(), fatal=True)
+
+
 @dataclass
 class Unsent:
     """Stands in for a delivery report's message when a record was never delivered."""
@@ -242,6 +262,7 @@ class TxnBus:
             err: KafkaError = e.args[0] if e.args and isinstance(e.args[0], KafkaError) else (
                 KafkaError(KafkaError._FAIL, str(e), fatal=True)
             )
+            err = fatal_cause(p, err, self._timeout_s)
             if err.txn_requires_abort() and not err.fatal():
                 self._abort(batch, err)
             else:
