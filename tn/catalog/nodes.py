@@ -60,6 +60,8 @@ class BlockMemory(Protocol):
     @property
     def flushed(self) -> bool: ...
 
+    def running_row(self) -> int | None: ...
+
     def flush(
         self,
         reader: Any,

@@ -242,7 +242,7 @@ class CheckpointRunner:
             blk = cat.nodes.get(bid)
             if not isinstance(blk, BlockNode) or blk.mem.flushed:
                 self._unsettled.discard(bid)
-            elif not bool((np.asarray(blk.mem.cts[: len(blk.mem)]) == MAX_TS).any()):
+            elif blk.mem.running_row() is None:
                 out.add(bid)
         return out
 

@@ -181,6 +181,15 @@ class MemBlock:
     def flushed(self) -> bool:
         return isinstance(self._cts, FlushedTs)
 
+    def running_row(self) -> int | None:
+        """The first row of a transaction still running (commit ts MAX_TS), if any: while
+        there is one, no object can hold every row the block will have."""
+        cts = self._cts
+        if not isinstance(cts, np.ndarray):
+            return None  # no row yet, or flushed (every row final)
+        running = np.flatnonzero(cts[: self.n] == MAX_TS)
+        return int(running[0]) if len(running) else None
+
     def flush(
         self,
         reader: ObjectRows,
@@ -200,12 +209,12 @@ class MemBlock:
             return
         if n is None:
             n = self.n
-        cts = np.asarray(self.cts[:n], dtype=np.int64)
-        if len(cts) == n and bool((cts == MAX_TS).any()):
-            # a running transaction's rows: the object cannot hold them, and its commit
-            # would find the block's commit ts final (checked here, not found as lost rows)
-            row = int(np.argmax(cts == MAX_TS))
+        row = self.running_row()
+        if row is not None:
+            # the object cannot hold those rows, and their commit would find the block's
+            # commit ts final (checked here, not found as lost rows)
             raise ValueError(f"cannot flush a block holding a running transaction's rows (row {row})")
+        cts = np.asarray(self.cts[:n], dtype=np.int64)
         dts = np.asarray(self.dts[:n], dtype=np.int64)
         base = loc_ts(delta_loc)
         late = np.nonzero((dts != MAX_TS) & (dts > base))[0]
