@@ -84,6 +84,14 @@ class Metrics:
             ["reader"],
             registry=r,
         )
+        self.reader_replaced = Counter(
+            "kwal_reader_replaced",
+            "times a Kafka reader (label reader: requests, logtail, results) was given a new "
+            "Kafka client after its stall checks failed to read its partitions' ends "
+            "LOST_AFTER times in a row (infra.reader_stall, step 5)",
+            ["reader"],
+            registry=r,
+        )
         # -- a CN --------------------------------------------------------------------------
         self.cn_watermark = Gauge(
             "kwal_cn_watermark_ts", "the CN's watermark (every table it follows)", ["cn"], registry=r

@@ -1,4 +1,4 @@
-"""A Kafka reader that stopped fetching: found, and assigned again.
+"""A Kafka reader that stopped fetching: found, and assigned again (or given a new client).
 
 librdkafka's consumer can stop fetching a partition it was given with `assign()` after the
 broker restarts (its fetch state stays in offset validation; librdkafka issues 4492 and
@@ -22,12 +22,23 @@ a CN's logtail reader, the clients' results reader) runs the same check:
    made again then, with a warning at most every `MAX_WAIT_S`); after a reassignment,
    twice as long as the wait before it (at most `MAX_WAIT_S`), until a poll returns
    something: a fresh fetch state can take more than `stall_s` to deliver on a busy
-   machine, and assigning again meanwhile would start it over each time.
+   machine, and assigning again meanwhile would start it over each time;
+5. `LOST_AFTER` checks in a row that could not read the partitions' ends replace the
+   consumer with a new one (the reader's factory) assigned at the reader's positions, and
+   count `kwal_reader_replaced_total{reader=...}`. A client can lose its brokers for good:
+   a restarting Apache Kafka node answers Metadata with no broker at all (measured: 0-47
+   such answers per restart of a single node), and librdkafka (2.13 and later, librdkafka
+   issue 5301) then drops every broker it knows and stops bootstrapping again; its reader
+   fails every check with "Unknown partition" while the broker serves everyone else (CI
+   run v9, the clients' results reader, for over 120 s). A new client bootstraps from
+   `bootstrap.servers`. While a broker stays away this repeats every `LOST_AFTER` checks,
+   which costs a connection attempt each time.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -40,6 +51,7 @@ from infra.metrics import METRICS
 log = logging.getLogger(__name__)
 
 MAX_WAIT_S = 60.0  # the longest wait between two checks (step 4's doubling stops there)
+LOST_AFTER = 3  # failed checks in a row that replace the consumer (step 5)
 
 
 def has_records(messages: Sequence[Any]) -> bool:
@@ -48,14 +60,16 @@ def has_records(messages: Sequence[Any]) -> bool:
 
 
 class StallWatch:
-    """The check above for one reader. `reader` names it in logs and in the metric's label;
-    `setting` is the config setting `stall_s` came from (named when it is refused)."""
+    """The check above for one reader. `reader` names it in logs and in the metrics' label;
+    `setting` is the config setting `stall_s` came from (named when it is refused);
+    `new_consumer` makes a consumer with the reader's settings, not yet assigned (step 5)."""
 
     def __init__(
         self,
         reader: str,
         stall_s: float,
         setting: str,
+        new_consumer: Callable[[], Consumer],
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if not stall_s > 0:
@@ -65,8 +79,11 @@ class StallWatch:
         self._wait = stall_s  # until the next check (step 4)
         self._clock = clock
         self._last = clock()
+        self._new_consumer = new_consumer
         self._counter = METRICS.reader_reassigned.labels(reader)
+        self._replaced = METRICS.reader_replaced.labels(reader)
         self._next_failure_log = float("-inf")  # `_check_failed`
+        self.failed_checks = 0  # in a row (step 5)
 
     def polled(self, got_records: bool) -> bool:
         """Step 1: note one poll. True when the check is due (then the next is due
@@ -95,8 +112,10 @@ class StallWatch:
                 if high > max(position, at.get((topic, partition), -1)):
                     behind.append((topic, partition, position, high))
         except Exception as e:  # noqa: BLE001 - the broker may be away: step 4
+            self.failed_checks += 1
             self._check_failed(e)
             return False
+        self.failed_checks = 0
         if not behind:
             return False
         log.warning(
@@ -127,13 +146,36 @@ class StallWatch:
             e,
         )
 
-    def unstick(self, consumer: Consumer, positions: Mapping[tuple[str, int], int]) -> bool:
-        """Steps 2-3 for a reader whose assignment is exactly `positions`: when `stuck`, assign
-        them again at the reader's positions and resume them (a no-op unless something
-        paused them: a reader paused on purpose does not call this). True when it did."""
-        if not self.stuck(consumer, positions):
-            return False
+    def unstick(self, consumer: Consumer, positions: Mapping[tuple[str, int], int]) -> Consumer:
+        """Steps 2-5 for a reader whose assignment is exactly `positions`. Returns the consumer
+        the reader polls from now on: `consumer` itself (assigned again at the reader's
+        positions and resumed when it was stuck: resuming is a no-op unless something paused
+        it, and a reader paused on purpose does not call this), or a new consumer assigned
+        there in its place when `consumer` failed `LOST_AFTER` checks in a row."""
         parts = [TopicPartition(t, p, o) for (t, p), o in positions.items()]
-        consumer.assign(parts)
-        consumer.resume(parts)
-        return True
+        if self.stuck(consumer, positions):
+            consumer.assign(parts)
+            consumer.resume(parts)
+            return consumer
+        if self.failed_checks < LOST_AFTER:
+            return consumer
+        log.warning(
+            "%s reader: %d stall checks in a row could not read the partitions' ends; "
+            "replacing its Kafka client with a new one, assigned at its positions",
+            self.reader,
+            self.failed_checks,
+        )
+        self.failed_checks = 0
+        self._replaced.inc()
+        fresh = self._new_consumer()
+        fresh.assign(parts)
+        # a client that lost its brokers can take its time to close: not on the reader's thread
+        threading.Thread(target=_close_quietly, args=(consumer,), name="kwal-close-lost", daemon=True).start()
+        return fresh
+
+
+def _close_quietly(consumer: Consumer) -> None:
+    try:
+        consumer.close()
+    except Exception as e:  # noqa: BLE001 - already closed, or the client is beyond saving
+        log.debug("closing a replaced consumer: %s", e)

@@ -232,7 +232,12 @@ class _ResultRouter:
         self._plock = threading.Lock()
         self._refs = 0
         self._stop = threading.Event()
-        self._stall = StallWatch("results", cfg.client.results_stall_s, "client.results_stall_s")
+        self._stall = StallWatch(
+            "results",
+            cfg.client.results_stall_s,
+            "client.results_stall_s",
+            lambda: Consumer(results_reader_conf(cfg)),
+        )
         self._consumer = Consumer(results_reader_conf(cfg))
         start = self._end_positions(timeout_s)
         # (topic, partition) -> one past the last result record read: where a reader that
@@ -329,7 +334,7 @@ class _ResultRouter:
             # a stalled results reader (`infra.reader_stall`) is assigned again at the
             # record after the last it read: no result is missed
             if self._stall.polled(has_records(msgs)):
-                self._stall.unstick(self._consumer, self._positions)
+                self._consumer = self._stall.unstick(self._consumer, self._positions)
             for msg in msgs:
                 if msg.error() is not None:
                     continue

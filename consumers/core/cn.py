@@ -367,7 +367,7 @@ class CN(CNCore):
         self.started_from: dict[str, int] = {}  # positions set by the last bootstrap
         self.on_table_created = self._follow
         self._metrics_port = metrics_port
-        self._stall = StallWatch("logtail", cfg.cn.logtail_stall_s, "cn.logtail_stall_s")
+        self._stall = StallWatch("logtail", cfg.cn.logtail_stall_s, "cn.logtail_stall_s", self._new_consumer)
 
     def _follow(self, table: str) -> None:
         database, _, name = table.partition(".")
@@ -398,11 +398,9 @@ class CN(CNCore):
             self.started_from = dict(self.positions)
         return manifest
 
-    def start(self) -> CN:
-        preload()
-        if self.store is not None and self._bootstrap:
-            self._bootstrap_from_store()
-        self._consumer = Consumer(
+    def _new_consumer(self) -> Consumer:
+        """The logtail reader's client (at start, and in place of a lost one)."""
+        return Consumer(
             self.cfg.kafka_client(
                 **{
                     "group.id": self.group_id,
@@ -415,6 +413,12 @@ class CN(CNCore):
                 }
             )
         )
+
+    def start(self) -> CN:
+        preload()
+        if self.store is not None and self._bootstrap:
+            self._bootstrap_from_store()
+        self._consumer = self._new_consumer()
         self._consumer.assign([TopicPartition(t, 0, o) for t, o in self.positions.items()])
         self._export_metrics()
         self._thread = threading.Thread(target=self._run, name="kwal-cn", daemon=True)
@@ -499,7 +503,9 @@ class CN(CNCore):
             # positions (one past the last record applied): nothing skipped or applied
             # twice. Not while paused: a paused reader polls nothing by design
             if self._stall.polled(has_records(messages)) and not self._paused:
-                self._stall.unstick(self._consumer, {(t, 0): o for t, o in self.positions.items()})
+                self._consumer = self._stall.unstick(
+                    self._consumer, {(t, 0): o for t, o in self.positions.items()}
+                )
             records: list[tuple[str, int, LogtailRecord]] = []
             truncated: list[str] = []
             for m in messages:

@@ -1,6 +1,7 @@
 """`infra.reader_stall.StallWatch`: when it checks (a clock the test moves: timing logic
-only), what it refuses, and what it calls stuck on a real broker (a consumer paused under
-its reader stands for librdkafka's fetcher that stopped)."""
+only), what it refuses, what it calls stuck on a real broker (a consumer paused under its
+reader stands for librdkafka's fetcher that stopped), and a client it replaces (a closed
+consumer stands for one that lost its brokers: every call on it fails)."""
 
 from __future__ import annotations
 
@@ -12,9 +13,13 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from infra.config import ConfigError, KwalConfig
 from infra.metrics import METRICS
-from infra.reader_stall import MAX_WAIT_S, StallWatch, has_records
+from infra.reader_stall import LOST_AFTER, MAX_WAIT_S, StallWatch, has_records
 from tests.conftest import unique
 from tests.waiting import wait_until
+
+
+def no_consumer() -> Consumer:
+    raise AssertionError("the watch made a new consumer where it had no reason to")
 
 
 class Clock:
@@ -27,7 +32,7 @@ class Clock:
 
 def test_a_check_is_due_only_after_stall_s_without_records() -> None:
     clock = Clock()
-    watch = StallWatch("t", 5.0, "x.stall_s", clock)
+    watch = StallWatch("t", 5.0, "x.stall_s", no_consumer, clock)
     clock.now += 4.9
     assert not watch.polled(False)
     clock.now += 0.2  # 5.1 s without a record
@@ -47,7 +52,11 @@ def test_a_check_is_due_only_after_stall_s_without_records() -> None:
 @pytest.mark.parametrize("value", [0.0, -1.0])
 def test_a_stall_time_that_is_not_positive_is_refused_naming_the_setting(value: float) -> None:
     with pytest.raises(ConfigError, match=r"cn\.logtail_stall_s must be > 0 seconds"):
-        StallWatch("logtail", value, "cn.logtail_stall_s")
+        StallWatch("logtail", value, "cn.logtail_stall_s", no_consumer)
+
+
+def reassigned(label: str) -> float:
+    return METRICS.registry.get_sample_value("kwal_reader_reassigned_total", {"reader": label}) or 0.0
 
 
 def _three_records(cfg: KwalConfig, prefix: str) -> tuple[AdminClient, str, Consumer]:
@@ -72,7 +81,7 @@ def test_stuck_only_with_records_past_both_positions(
     admin, topic, consumer = _three_records(kwal_config, "stall")
     label = unique("reader")
     clock = Clock()
-    watch = StallWatch(label, 1.0, "x.stall_s", clock)
+    watch = StallWatch(label, 1.0, "x.stall_s", no_consumer, clock)
 
     def counted() -> float:
         return METRICS.registry.get_sample_value(
@@ -121,12 +130,14 @@ def test_unstick_assigns_again_at_the_readers_positions_and_resumes(kwal_config:
     already took) and resumed: it reads on from there, nothing skipped or read twice; at
     the end it is left alone."""
     admin, topic, consumer = _three_records(kwal_config, "unstick")
-    watch = StallWatch(unique("reader"), 1.0, "x.stall_s")
+    label = unique("reader")
+    watch = StallWatch(label, 1.0, "x.stall_s", no_consumer)
     try:
         tp = TopicPartition(topic, 0, 0)
         consumer.assign([tp])
         consumer.pause([tp])
-        assert watch.unstick(consumer, {(topic, 0): 1})
+        assert watch.unstick(consumer, {(topic, 0): 1}) is consumer
+        assert reassigned(label) == 1
         got: list[int] = []
 
         def read_on() -> bool:
@@ -137,7 +148,8 @@ def test_unstick_assigns_again_at_the_readers_positions_and_resumes(kwal_config:
 
         wait_until("the reader read on after unstick", read_on, 30, poll_s=0)
         assert got == [1, 2]
-        assert not watch.unstick(consumer, {(topic, 0): 3})
+        assert watch.unstick(consumer, {(topic, 0): 3}) is consumer
+        assert reassigned(label) == 1
     finally:
         consumer.close()
         admin.delete_topics([topic])
@@ -150,7 +162,7 @@ def test_a_check_that_cannot_read_the_ends_warns_once_per_max_wait(
     a stall, and says why in a warning, at most once per MAX_WAIT_S of the watch's clock."""
     consumer = Consumer(kwal_config.kafka_client(**{"group.id": unique("g")}))
     clock = Clock()
-    watch = StallWatch(unique("reader"), 1.0, "x.stall_s", clock)
+    watch = StallWatch(unique("reader"), 1.0, "x.stall_s", no_consumer, clock)
     missing = {(unique("no-such-topic"), 0): 0}
     said = "the stall check could not read the partitions' ends"
     try:
@@ -183,3 +195,68 @@ def test_only_a_record_is_progress_not_an_error_event() -> None:
     assert not has_records([])
     assert not has_records([_Event("fetch failed"), _Event("fetch failed")])
     assert has_records([_Event("fetch failed"), _Event(None)])
+
+
+def test_a_reader_whose_checks_keep_failing_gets_a_new_client_at_its_positions(
+    kwal_config: KwalConfig, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A consumer on which every check fails (closed here; in the field, a client that lost
+    every broker it knew) is kept through LOST_AFTER - 1 failed checks, then replaced by a
+    new one from the reader's factory, assigned at the reader's positions: it reads on from
+    offset 1, nothing skipped or read twice. The replacement is counted and said."""
+    admin, topic, lost = _three_records(kwal_config, "lost")
+    lost.close()  # every call on it fails from now on
+    label = unique("reader")
+    made: list[Consumer] = []
+
+    def new_consumer() -> Consumer:
+        made.append(Consumer(kwal_config.kafka_client(**{"group.id": unique("g")})))
+        return made[-1]
+
+    watch = StallWatch(label, 1.0, "x.stall_s", new_consumer)
+    positions = {(topic, 0): 1}
+    try:
+        for _ in range(LOST_AFTER - 1):
+            assert watch.unstick(lost, positions) is lost
+        assert not made
+        with caplog.at_level(logging.WARNING, logger="infra.reader_stall"):
+            fresh = watch.unstick(lost, positions)
+        assert made == [fresh]
+        assert f"{LOST_AFTER} stall checks in a row could not read" in caplog.text
+        replaced = METRICS.registry.get_sample_value("kwal_reader_replaced_total", {"reader": label})
+        assert replaced == 1
+        assert reassigned(label) == 0
+        got: list[int] = []
+
+        def read_on() -> bool:
+            m = fresh.poll(0.2)
+            if m is not None and m.error() is None:
+                got.append(m.offset() or 0)
+            return len(got) >= 2
+
+        wait_until("the new client read on from the reader's position", read_on, 30, poll_s=0)
+        assert got == [1, 2]
+        # a good check ends the count: the new client is kept
+        assert watch.unstick(fresh, {(topic, 0): 3}) is fresh
+        assert watch.failed_checks == 0
+    finally:
+        for c in made:
+            c.close()
+        admin.delete_topics([topic])
+
+
+def test_a_good_check_between_failures_starts_the_count_again(kwal_config: KwalConfig) -> None:
+    """Only LOST_AFTER failures IN A ROW replace the client: a broker away for a while and
+    back fails some checks, and its reader's client is not at fault."""
+    admin, topic, consumer = _three_records(kwal_config, "blip")
+    watch = StallWatch(unique("reader"), 1.0, "x.stall_s", no_consumer)
+    missing = {(unique("no-such-topic"), 0): 0}
+    try:
+        consumer.assign([TopicPartition(topic, 0, 3)])
+        for _ in range(3):
+            for _ in range(LOST_AFTER - 1):
+                assert watch.unstick(consumer, missing) is consumer
+            assert watch.unstick(consumer, {(topic, 0): 3}) is consumer  # at the end: fine
+    finally:
+        consumer.close()
+        admin.delete_topics([topic])

@@ -180,7 +180,9 @@ class TnService:
         self.max_inflight = max_inflight
         self.progress_interval_s = progress_interval_s
         self.partition = 0
-        self._stall = StallWatch("requests", cfg.tn.requests_stall_s, "tn.requests_stall_s")
+        self._stall = StallWatch(
+            "requests", cfg.tn.requests_stall_s, "tn.requests_stall_s", self._new_consumer
+        )
         self._stop = threading.Event()
         self._halt_logged = False  # `_halted_by_log` said so once
         self._fatal_logged = False  # `_undelivered` said so once
@@ -226,7 +228,7 @@ class TnService:
     def start(self) -> None:
         """Bootstrap system tables, recover the position, start the threads."""
         start_offset = self._recover()
-        self._consumer = Consumer(tn_consumer_conf(self.cfg, f"{self.cfg.topics.prefix}.tn"))
+        self._consumer = self._new_consumer()
         self._consumer.assign(
             [TopicPartition(self.cfg.topics.requests, self.partition, start_offset)]
         )
@@ -239,6 +241,10 @@ class TnService:
             t.start()
             self._threads.append(t)
         log.info("TN service consuming %s from offset %s", self.cfg.topics.requests, start_offset)
+
+    def _new_consumer(self) -> Consumer:
+        """The requests reader's client (at start, and in place of a lost one)."""
+        return Consumer(tn_consumer_conf(self.cfg, f"{self.cfg.topics.prefix}.tn"))
 
     def stop(self, drain_timeout_s: float = 10.0) -> None:
         """Stop consuming, let in-flight commits finish and their results go out."""
@@ -347,7 +353,9 @@ class TnService:
                 time.sleep(0.2)
                 continue
             if self._stall.polled(has_records(msgs)):  # see "A stuck requests reader"
-                self._stall.unstick(consumer, {(self.cfg.topics.requests, self.partition): self._next_offset})
+                consumer = self._consumer = self._stall.unstick(
+                    consumer, {(self.cfg.topics.requests, self.partition): self._next_offset}
+                )
             group = Group()
             for msg in msgs:
                 err = msg.error()
