@@ -185,7 +185,8 @@ class ClientConfig:
     transaction whose INSERT rows exceed `spill_bytes` (Arrow bytes in memory) sends them
     through the object store, as Parquet objects of at most `object_rows` rows, and only
     their keys over Kafka; one above `max_txn_bytes` is refused before anything is sent.
-    And its results reader's stall check (`results_stall_s`)."""
+    And its results reader's stall check (`results_stall_s`), and its producer's check for
+    lost brokers (`producer_check_s`)."""
 
     spill_bytes: int = 4 << 20
     max_txn_bytes: int = 1 << 30
@@ -195,6 +196,10 @@ class ClientConfig:
     # a result while the results topic holds records past the reader's position, it is
     # assigned again at its positions (else every commit would time out)
     results_stall_s: float = 5.0
+    # The requests producer's check (producers.client._SharedProducer): after this many
+    # seconds with requests undelivered and no delivery report, it asks for metadata; after
+    # infra.reader_stall.LOST_AFTER such checks fail in a row it is replaced by a new one
+    producer_check_s: float = 5.0
 
 
 @dataclass

@@ -92,6 +92,12 @@ class Metrics:
             ["reader"],
             registry=r,
         )
+        self.producer_replaced = Counter(
+            "kwal_producer_replaced",
+            "times a client process's requests producer was replaced by a new one after "
+            "LOST_AFTER checks in a row could not reach a broker (producers.client)",
+            registry=r,
+        )
         # -- a CN --------------------------------------------------------------------------
         self.cn_watermark = Gauge(
             "kwal_cn_watermark_ts", "the CN's watermark (every table it follows)", ["cn"], registry=r

@@ -28,6 +28,7 @@ every copy with the first outcome (docs/retries.md).
 
 from __future__ import annotations
 
+import logging
 import os
 import queue
 import threading
@@ -39,14 +40,15 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from typing import Any
 
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
-from infra.config import KwalConfig
+from infra.config import ConfigError, KwalConfig
 from infra.kafka_io import FETCH_WAIT_MS, poll_batch
+from infra.metrics import METRICS
 from infra.objectstore import ObjectStore, open_store
 from infra.principals import client_principal, requests_topic, results_topic
 from infra.queues import drain
-from infra.reader_stall import StallWatch, has_records
+from infra.reader_stall import LOST_AFTER, StallWatch, has_records
 from infra.stack import apply_stack
 from producers.exceptions import (
     AbortedError,
@@ -69,6 +71,11 @@ from schemas.requests import (
     decode_results,
     encode_request,
 )
+
+log = logging.getLogger(__name__)
+
+# delivery reports of requests purged from a replaced producer (`_SharedProducer` step 3)
+_PURGED = (KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT)
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,16 +166,36 @@ def results_reader_conf(cfg: KwalConfig) -> dict[str, Any]:
 class _SharedProducer:
     """One producer per (Kafka settings) per process, with a poll thread.
 
-    Sends that must be made again (a request acknowledged without an offset) are
-    queued by the delivery callback with `again` and made by the poll thread after
-    its poll returns: never inside a callback, where a full producer queue could only
-    wait on the very thread that serves the reports which would empty it."""
+    Sends that must be made again (a request acknowledged without an offset, or purged
+    from a replaced producer) are queued by the delivery callback with `again` and made
+    by the poll thread after its poll returns: never inside a callback, where a full
+    producer queue could only wait on the very thread that serves the reports which
+    would empty it.
+
+    A producer that lost its brokers for good is replaced. librdkafka can drop every
+    broker it knows when a restarting Kafka node answers Metadata with an empty broker
+    list, and never bootstrap again (librdkafka issue 5301; `infra.reader_stall` step 5
+    does the same for the readers):
+    1. while requests wait undelivered and no delivery report came for `check_s`, the
+       poll thread asks the producer for metadata (a check);
+    2. `LOST_AFTER` failed checks in a row make a new producer with the same settings;
+       every Client sends through it from then on (`producer` is read at each send);
+    3. the old producer's queued and in-flight requests are purged: each one's delivery
+       report (`_PURGE_QUEUE`, `_PURGE_INFLIGHT`) sends it again through the new producer.
+       A request that had reached the broker is then there twice: the TN runs a request
+       id once and answers every copy with the same outcome (docs/retries.md)."""
 
     _lock = threading.Lock()
     _instances: dict[tuple[tuple[str, str], ...], _SharedProducer] = {}
 
-    def __init__(self, conf: dict[str, Any]) -> None:
+    def __init__(self, conf: dict[str, Any], check_s: float) -> None:
+        if not check_s > 0:
+            raise ConfigError(f"client.producer_check_s must be > 0 seconds, got {check_s}")
+        self._conf = conf
         self.producer = Producer(conf)
+        self.check_s = check_s
+        self.failed_checks = 0  # in a row (step 2)
+        self.reports = 0  # delivery reports served (`report`): progress for step 1
         self._again: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         self._again_pending = 0  # queued or being made; under _again_lock
         self._again_lock = threading.Lock()
@@ -176,10 +203,54 @@ class _SharedProducer:
         self._thread = threading.Thread(target=self._poll, name="kwal-producer-poll", daemon=True)
         self._thread.start()
 
+    def report(self) -> None:
+        """A delivery report was served (each delivery callback says so: librdkafka's
+        own error events also count as served by `poll`, and are no progress)."""
+        self.reports += 1
+
     def _poll(self) -> None:
+        last_progress = time.monotonic()
+        reports = self.reports
         while not self._stop.is_set():
             self.producer.poll(0.05)
             self.run_again()
+            now = time.monotonic()
+            if self.reports != reports or not len(self.producer):
+                reports = self.reports
+                last_progress = now
+            elif now - last_progress >= self.check_s:  # step 1
+                last_progress = now
+                self.check()
+
+    def check(self) -> bool:
+        """Steps 1-3 once: whether the producer reached a broker; replaces it after
+        `LOST_AFTER` failed checks in a row."""
+        try:
+            reached = bool(self.producer.list_topics(timeout=min(2.0, self.check_s)).brokers)
+        except Exception as e:  # noqa: BLE001 - the broker may be away: counted below
+            log.debug("requests producer check: %s", e)
+            reached = False
+        if reached:
+            self.failed_checks = 0
+            return True
+        self.failed_checks += 1
+        if self.failed_checks >= LOST_AFTER:
+            self._replace()
+        return False
+
+    def _replace(self) -> None:
+        """Steps 2-3."""
+        log.warning(
+            "requests producer: %d checks in a row reached no broker while requests wait "
+            "undelivered; replacing it with a new one and sending them again",
+            self.failed_checks,
+        )
+        self.failed_checks = 0
+        METRICS.producer_replaced.inc()
+        old, self.producer = self.producer, Producer(self._conf)
+        old.purge(in_queue=True, in_flight=True, blocking=True)
+        old.poll(0)  # the purged requests' reports: each queues its send again (step 3)
+        old.flush(0)
 
     def again(self, send: Callable[[], None]) -> None:
         """Queue a send for the poll thread (safe inside a delivery callback)."""
@@ -214,7 +285,7 @@ class _SharedProducer:
         with cls._lock:
             inst = cls._instances.get(key)
             if inst is None:
-                inst = cls._instances[key] = cls(conf)
+                inst = cls._instances[key] = cls(conf, cfg.client.producer_check_s)
             return inst
 
 
@@ -394,7 +465,6 @@ class Client:
         default_id = client_principal(cfg) if cfg.security.enabled else f"client-{uuid.uuid4().hex[:12]}"
         self.client_id = client_id or default_id
         self._shared = _SharedProducer.get(cfg)
-        self._producer = self._shared.producer
         self._router = _ResultRouter.acquire(cfg, start_timeout_s)
         self._closed = False
         self._store = store
@@ -428,7 +498,11 @@ class Client:
         rid = req.request_id
 
         def delivered(err: Any, msg: Any) -> None:
-            if err is not None:
+            self._shared.report()
+            if err is not None and err.code() in _PURGED:
+                # purged from a producer that lost its brokers (`_SharedProducer` step 3)
+                self._shared.again(lambda: self._produce_request(payload, delivered, poll=True))
+            elif err is not None:
                 router.fail(
                     rid,
                     fut,
@@ -453,7 +527,7 @@ class Client:
         nobody else would); else wait for the poll thread to serve them."""
         while True:
             try:
-                self._producer.produce(
+                self._shared.producer.produce(
                     self.requests_topic,
                     value=payload,
                     key=self.client_id,
@@ -463,7 +537,7 @@ class Client:
                 return
             except BufferError:
                 if poll:
-                    self._producer.poll(0.005)
+                    self._shared.producer.poll(0.005)
                 else:
                     time.sleep(0.005)
 

@@ -36,6 +36,9 @@ NOT_HERE |= {"kwal_security_dropped"}
 # moves only when a Kafka reader stalls (tests/infra/test_reader_stall.py, and for each reader
 # tests/service/test_service.py and tests/logtail/test_push.py)
 NOT_HERE |= {"kwal_reader_reassigned"}
+# move only when a Kafka client reaches no broker for several checks in a row
+# (tests/infra/test_reader_stall.py, tests/producers/test_lost_producer.py)
+NOT_HERE |= {"kwal_reader_replaced", "kwal_producer_replaced"}
 
 
 class Watch:
