@@ -193,6 +193,9 @@ class _SharedProducer:
             raise ConfigError(f"client.producer_check_s must be > 0 seconds, got {check_s}")
         self._conf = conf
         self.producer = Producer(conf)
+        # held by `produce` and by the swap in `_replace`: a request is never produced into
+        # a producer that was already purged
+        self._swap_lock = threading.Lock()
         self.check_s = check_s
         self.failed_checks = 0  # in a row (step 2)
         self.reports = 0  # delivery reports served (`report`): progress for step 1
@@ -247,10 +250,20 @@ class _SharedProducer:
         )
         self.failed_checks = 0
         METRICS.producer_replaced.inc()
-        old, self.producer = self.producer, Producer(self._conf)
+        fresh = Producer(self._conf)
+        with self._swap_lock:
+            old, self.producer = self.producer, fresh
         old.purge(in_queue=True, in_flight=True, blocking=True)
-        old.poll(0)  # the purged requests' reports: each queues its send again (step 3)
-        old.flush(0)
+        # the purged requests' reports, each queueing its send again (step 3); bounded: a
+        # client without brokers may keep raising error events of its own
+        for _ in range(1000):
+            if not old.poll(0):
+                break
+
+    def produce(self, topic: str, **kwargs: Any) -> None:
+        """Producer.produce on the current producer (BufferError when its queue is full)."""
+        with self._swap_lock:
+            self.producer.produce(topic, **kwargs)
 
     def again(self, send: Callable[[], None]) -> None:
         """Queue a send for the poll thread (safe inside a delivery callback)."""
@@ -527,7 +540,7 @@ class Client:
         nobody else would); else wait for the poll thread to serve them."""
         while True:
             try:
-                self._shared.producer.produce(
+                self._shared.produce(
                     self.requests_topic,
                     value=payload,
                     key=self.client_id,
