@@ -26,13 +26,13 @@ a CN's logtail reader, the clients' results reader) runs the same check:
 5. `LOST_AFTER` checks in a row that could not read the partitions' ends replace the
    consumer with a new one (the reader's factory) assigned at the reader's positions, and
    count `kwal_reader_replaced_total{reader=...}`. A client can lose its brokers for good:
-   a restarting Apache Kafka node answers Metadata with no broker at all (measured: 0-47
-   such answers per restart of a single node), and librdkafka (2.13 and later, librdkafka
-   issue 5301) then drops every broker it knows and stops bootstrapping again; its reader
-   fails every check with "Unknown partition" while the broker serves everyone else (CI
-   run v9, the clients' results reader, for over 120 s). A new client bootstraps from
-   `bootstrap.servers`. While a broker stays away this repeats every `LOST_AFTER` checks,
-   which costs a connection attempt each time.
+   a restarting Apache Kafka node answers Metadata with no broker at all (measured: 0-21
+   such answers per restart of a single node, docs/broker-restart.md), and librdkafka
+   (issue 5301, reported on 2.13) then drops every broker it knows and never bootstraps
+   again. Its reader fails every check with "Unknown partition", as the
+   clients' results reader of CI run v9 did for over 120 s after the broker was back. A
+   new client bootstraps from `bootstrap.servers`. While a broker stays away this repeats
+   every `LOST_AFTER` checks, which costs a connection attempt each time.
 """
 
 from __future__ import annotations
