@@ -179,7 +179,8 @@ class _SharedProducer:
     1. while requests wait undelivered and no delivery report came for `check_s`, the
        poll thread asks the producer for metadata (a check);
     2. `LOST_AFTER` failed checks in a row make a new producer with the same settings;
-       every Client sends through it from then on (`producer` is read at each send);
+       every Client sends through it from then on (`produce` takes the current one, under
+       the lock the swap takes: nothing is produced into a purged producer);
     3. the old producer's queued and in-flight requests are purged: each one's delivery
        report (`_PURGE_QUEUE`, `_PURGE_INFLIGHT`) sends it again through the new producer.
        A request that had reached the broker is then there twice: the TN runs a request
@@ -193,9 +194,7 @@ class _SharedProducer:
             raise ConfigError(f"client.producer_check_s must be > 0 seconds, got {check_s}")
         self._conf = conf
         self.producer = Producer(conf)
-        # held by `produce` and by the swap in `_replace`: a request is never produced into
-        # a producer that was already purged
-        self._swap_lock = threading.Lock()
+        self._swap_lock = threading.Lock()  # `produce` and the swap in `_replace` (step 2)
         self.check_s = check_s
         self.failed_checks = 0  # in a row (step 2)
         self.reports = 0  # delivery reports served (`report`): progress for step 1
