@@ -59,6 +59,21 @@ def reassigned(label: str) -> float:
     return METRICS.registry.get_sample_value("kwal_reader_reassigned_total", {"reader": label}) or 0.0
 
 
+def read_offsets(consumer: Consumer, n: int, what: str) -> list[int]:
+    """The offsets of the next `n` records `consumer` polls (an AssertionError naming `what`
+    when they do not come within 30 s)."""
+    got: list[int] = []
+
+    def enough() -> bool:
+        m = consumer.poll(0.2)
+        if m is not None and m.error() is None:
+            got.append(m.offset() or 0)
+        return len(got) >= n
+
+    wait_until(what, enough, 30, poll_s=0)
+    return got
+
+
 def _three_records(cfg: KwalConfig, prefix: str) -> tuple[AdminClient, str, Consumer]:
     """A new one-partition topic holding 3 records, and a consumer (not yet assigned)."""
     topic = unique(prefix)
@@ -107,15 +122,7 @@ def test_stuck_only_with_records_past_both_positions(
         assert watch.polled(False)
         assert not watch.stuck(consumer, {(topic, 0): 3})  # the reader is at the end
         consumer.resume([tp])
-        got: list[int] = []
-
-        def read_all() -> bool:
-            m = consumer.poll(0.2)
-            if m is not None and m.error() is None:
-                got.append(m.offset() or 0)
-            return len(got) == 3
-
-        wait_until("the consumer read the 3 records", read_all, 30, poll_s=0)
+        read_offsets(consumer, 3, "the consumer read the 3 records")
         # the consumer is at the end while the reader says 1: not stuck (what lies between
         # is for the consumer to skip: markers, aborted records)
         assert not watch.stuck(consumer, {(topic, 0): 1})
@@ -138,16 +145,7 @@ def test_unstick_assigns_again_at_the_readers_positions_and_resumes(kwal_config:
         consumer.pause([tp])
         assert watch.unstick(consumer, {(topic, 0): 1}) is consumer
         assert reassigned(label) == 1
-        got: list[int] = []
-
-        def read_on() -> bool:
-            m = consumer.poll(0.2)
-            if m is not None and m.error() is None:
-                got.append(m.offset() or 0)
-            return len(got) >= 2
-
-        wait_until("the reader read on after unstick", read_on, 30, poll_s=0)
-        assert got == [1, 2]
+        assert read_offsets(consumer, 2, "the reader read on after unstick") == [1, 2]
         assert watch.unstick(consumer, {(topic, 0): 3}) is consumer
         assert reassigned(label) == 1
     finally:
@@ -226,16 +224,7 @@ def test_a_reader_whose_checks_keep_failing_gets_a_new_client_at_its_positions(
         replaced = METRICS.registry.get_sample_value("kwal_reader_replaced_total", {"reader": label})
         assert replaced == 1
         assert reassigned(label) == 0
-        got: list[int] = []
-
-        def read_on() -> bool:
-            m = fresh.poll(0.2)
-            if m is not None and m.error() is None:
-                got.append(m.offset() or 0)
-            return len(got) >= 2
-
-        wait_until("the new client read on from the reader's position", read_on, 30, poll_s=0)
-        assert got == [1, 2]
+        assert read_offsets(fresh, 2, "the new client read on from the reader's position") == [1, 2]
         # a good check ends the count: the new client is kept
         assert watch.unstick(fresh, {(topic, 0): 3}) is fresh
         assert watch.failed_checks == 0
