@@ -164,8 +164,8 @@ def test_a_large_transaction_commits_survives_a_tn_restart_and_both_cns_read_it(
     # the Spark CN
     # 500,000 rows of 50 columns: Spark's generated code pays for itself here, unlike on the
     # few rows of the other tests, whose session this is (tests/conftest.py sets
-    # interpreted expressions for it). Measured alone on 2 cores: the query 35.3-35.9 s ->
-    # 30.9 s, the digest 9.5-12.2 s -> 6.1 s
+    # interpreted expressions for it). Measured alone on 2 cores: the query 35-39 s ->
+    # 31 s, the digest 9.5-12 s -> 6 s (docs/measurements.md)
     factory_mode = spark.conf.get("spark.sql.codegen.factoryMode")
     spark.conf.set("spark.sql.codegen.factoryMode", "FALLBACK")
     try:
