@@ -62,7 +62,9 @@ the TN then polls nothing while clients' requests pile up on the topic -- seen i
 `tests/faults/test_broker_restart.py` (1 run in 6). The request loop runs
 `infra.reader_stall`'s check (reader "requests", setting `tn.requests_stall_s`) with its
 position: one past the last record it took. When the partition is stuck, the loop assigns
-it again at that position (and resumes it). Nothing is skipped or read twice.
+it again at that position (and resumes it). Nothing is skipped or read twice. A consumer
+whose checks cannot reach the partition's end three times in a row (a client that lost
+every broker: docs/broker-restart.md) is replaced by a new one at that position.
 """
 
 from __future__ import annotations
