@@ -195,9 +195,9 @@ class _SharedProducer:
         self._conf = conf
         self.producer = Producer(conf)
         self._swap_lock = threading.Lock()  # `produce` and the swap in `_replace` (step 2)
-        self.check_s = check_s
-        self.failed_checks = 0  # in a row (step 2)
-        self.reports = 0  # delivery reports served (`report`): progress for step 1
+        self._check_s = check_s
+        self._failed_checks = 0  # in a row (step 2)
+        self._reports = 0  # delivery reports served (`report`): progress for step 1
         self._again: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         self._again_pending = 0  # queued or being made; under _again_lock
         self._again_lock = threading.Lock()
@@ -208,46 +208,45 @@ class _SharedProducer:
     def report(self) -> None:
         """A delivery report was served (each delivery callback says so: librdkafka's
         own error events also count as served by `poll`, and are no progress)."""
-        self.reports += 1
+        self._reports += 1
 
     def _poll(self) -> None:
         last_progress = time.monotonic()
-        reports = self.reports
+        reports = self._reports
         while not self._stop.is_set():
             self.producer.poll(0.05)
             self.run_again()
             now = time.monotonic()
-            if self.reports != reports or not len(self.producer):
-                reports = self.reports
+            if self._reports != reports or not len(self.producer):
+                reports = self._reports
                 last_progress = now
-            elif now - last_progress >= self.check_s:  # step 1
+            elif now - last_progress >= self._check_s:  # step 1
                 last_progress = now
-                self.check()
+                self._check()
 
-    def check(self) -> bool:
-        """Steps 1-3 once: whether the producer reached a broker; replaces it after
+    def _check(self) -> None:
+        """Steps 1-3 once: does the producer reach a broker? It is replaced after
         `LOST_AFTER` failed checks in a row."""
         try:
-            reached = bool(self.producer.list_topics(timeout=min(2.0, self.check_s)).brokers)
+            reached = bool(self.producer.list_topics(timeout=min(2.0, self._check_s)).brokers)
         except Exception as e:  # noqa: BLE001 - the broker may be away: counted below
             log.debug("requests producer check: %s", e)
             reached = False
         if reached:
-            self.failed_checks = 0
-            return True
-        self.failed_checks += 1
-        if self.failed_checks >= LOST_AFTER:
+            self._failed_checks = 0
+            return
+        self._failed_checks += 1
+        if self._failed_checks >= LOST_AFTER:
             self._replace()
-        return False
 
     def _replace(self) -> None:
         """Steps 2-3."""
         log.warning(
             "requests producer: %d checks in a row reached no broker while requests wait "
             "undelivered; replacing it with a new one and sending them again",
-            self.failed_checks,
+            self._failed_checks,
         )
-        self.failed_checks = 0
+        self._failed_checks = 0
         METRICS.producer_replaced.inc()
         fresh = Producer(self._conf)
         with self._swap_lock:
@@ -315,13 +314,14 @@ class _ResultRouter:
         self._plock = threading.Lock()
         self._refs = 0
         self._stop = threading.Event()
+
+        def new_consumer() -> Consumer:  # at start, and in place of a lost one
+            return Consumer(results_reader_conf(cfg))
+
         self._stall = StallWatch(
-            "results",
-            cfg.client.results_stall_s,
-            "client.results_stall_s",
-            lambda: Consumer(results_reader_conf(cfg)),
+            "results", cfg.client.results_stall_s, "client.results_stall_s", new_consumer
         )
-        self._consumer = Consumer(results_reader_conf(cfg))
+        self._consumer = new_consumer()
         start = self._end_positions(timeout_s)
         # (topic, partition) -> one past the last result record read: where a reader that
         # stopped fetching is assigned again (`infra.reader_stall`)
