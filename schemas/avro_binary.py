@@ -106,3 +106,13 @@ def read_count(data: bytes, pos: int) -> tuple[int, int]:
         _, pos = read_long(data, pos)
         return -count, pos
     return count, pos
+
+
+def read_optional_bytes(data: bytes, pos: int) -> tuple[bytes | None, int]:
+    """A ``["null", "bytes"]`` union's value at `pos` (ValueError: another branch)."""
+    branch = data[pos]
+    if branch == 0:
+        return None, pos + 1
+    if branch != 2:  # zig-zag 1: the bytes branch
+        raise ValueError(f"union branch {branch}")
+    return read_bytes(data, pos + 1)

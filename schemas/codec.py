@@ -54,6 +54,7 @@ from typing import Any
 from fastavro import schemaless_reader, schemaless_writer
 from fastavro.schema import load_schema
 
+from schemas.avro_binary import long_bytes
 from schemas.exceptions import (
     DecodeError,
     EncodeError,
@@ -396,7 +397,79 @@ def encode_entry(entry: WalEntry, lsn: int | None = None) -> EncodedEntry:
     """
     if lsn is not None and lsn != entry.lsn:
         entry = WalEntry(lsn, entry.txn, entry.commands)
-    return EncodedEntry.of(encode_record(WAL_ENTRY, entry_to_record(entry)), entry)
+    try:
+        data = _rows_entry(entry)
+    except (TypeError, AttributeError, ValueError, OverflowError):
+        data = None  # a value that does not fit: the codec says what is wrong
+    if data is None:
+        data = encode_record(WAL_ENTRY, entry_to_record(entry))
+    return EncodedEntry.of(data, entry)
+
+
+# Entries of Append and Delete commands (every transaction that only writes rows: nearly
+# all commits) are written by hand (`schemas.avro_binary`): fastavro's generic writer
+# walks the schema for every entry, on the commit path (docs/perf-commit.md,
+# "commit->visible (2)"). The bytes are fastavro's own
+# (tests/schemas/test_wal_codec.py compares them); entries with catalog commands go
+# through the codec. Union branches and array ends per `wal_entry.avsc`.
+_END = b"\x00"  # an array's closing empty block
+
+
+def _command_branch(name: str) -> bytes:
+    branches = next(f for f in _schema(WAL_ENTRY).parsed["fields"] if f["name"] == "commands")
+    return long_bytes([b["name"] for b in branches["type"]["items"]].index(name))
+
+
+_APPEND_BRANCH, _DELETE_BRANCH = _command_branch(_APPEND), _command_branch(_DELETE)
+
+
+def _dest_bytes(d: Dest) -> bytes:
+    return b"".join(
+        (long_bytes(d.db_id), long_bytes(d.table_id), long_bytes(d.segment_id), long_bytes(d.block_id))
+    )
+
+
+def _rows_entry(entry: WalEntry) -> bytes | None:
+    """The ``wal_entry`` record of an entry whose commands all write rows; None otherwise."""
+    commands = entry.commands
+    if not all(type(c) is Append or type(c) is Delete for c in commands):
+        return None
+    txn = entry.txn
+    parts = [
+        _schema(WAL_ENTRY).prefix,
+        long_bytes(entry.lsn),
+        long_bytes(txn.start_ts),
+        long_bytes(txn.commit_ts),
+    ]
+    if txn.memo:
+        parts.append(long_bytes(len(txn.memo)))
+        parts += [_dest_bytes(d) for d in txn.memo]
+    parts.append(_END)
+    if commands:
+        parts.append(long_bytes(len(commands)))
+    for c in commands:
+        if type(c) is Append:
+            parts.append(_APPEND_BRANCH)
+            if c.infos:
+                parts.append(long_bytes(len(c.infos)))
+            for i in c.infos:
+                parts += (
+                    long_bytes(i.src_offset),
+                    long_bytes(i.src_length),
+                    _dest_bytes(i.dest),
+                    long_bytes(i.dest_offset),
+                    long_bytes(i.dest_length),
+                )
+            parts += (_END, long_bytes(len(c.batch)), c.batch)
+        else:
+            assert isinstance(c, Delete)
+            parts += (_DELETE_BRANCH, _dest_bytes(c.dest))
+            if c.rows:
+                parts.append(long_bytes(len(c.rows)))
+                parts += [long_bytes(r) for r in c.rows]
+            parts.append(_END)
+    parts.append(_END)
+    return b"".join(parts)
 
 
 def decode_entry(data: bytes) -> WalEntry:

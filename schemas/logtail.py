@@ -24,7 +24,14 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from schemas.codec import decode_record, encode_record
+from schemas.avro_binary import (
+    long_bytes,
+    read_long,
+    read_optional_bytes,
+    read_str,
+    str_bytes,
+)
+from schemas.codec import decode_record, encode_record, envelope_prefix, parsed_schema
 from schemas.wal import ColumnDef, ColumnType, TableSchema
 
 LOGTAIL = "logtail"
@@ -193,7 +200,55 @@ def record_key(record: LogtailRecord, unique: bytes) -> bytes:
     return HEARTBEAT_KEY if isinstance(record.body, Heartbeat) else unique
 
 
+# Changes and Heartbeat (every commit's records, on the TN's publisher thread and in every
+# CN) are written and read by hand (`schemas.avro_binary`): fastavro's generic writer and
+# reader walk the schema for every record (docs/perf-commit.md, "commit->visible (2)").
+# The bytes are fastavro's own (tests/schemas/test_logtail_avro.py compares them); every
+# other body, and anything these do not read cleanly, goes through the codec.
+_PREFIX = envelope_prefix(LOGTAIL)
+_BRANCH = {
+    branch["name"].removeprefix(_NS): long_bytes(i)
+    for i, branch in enumerate(
+        next(f for f in parsed_schema(LOGTAIL)["fields"] if f["name"] == "body")["type"]
+    )
+}
+_CHANGES, _HEARTBEAT = _BRANCH["Changes"], _BRANCH["Heartbeat"]
+_NULL, _BYTES = b"\x00", b"\x02"  # ["null", "bytes"]: branch 0, branch 1
+# what the hand-written writer gives up on, for the codec to write or refuse
+_UNFIT = (TypeError, AttributeError, ValueError, OverflowError)
+
+
+def _optional_bytes(b: bytes | None) -> bytes:
+    return _NULL if b is None else _BYTES + long_bytes(len(b)) + b
+
+
+def _common(record: LogtailRecord) -> bytes | None:
+    """A Changes or Heartbeat record written by hand; None for any other body."""
+    body = record.body
+    if isinstance(body, Changes):
+        tail = b"".join((_CHANGES, _optional_bytes(body.inserts), _optional_bytes(body.deletes)))
+    elif isinstance(body, Heartbeat):
+        tail = _HEARTBEAT
+    else:
+        return None
+    return b"".join((
+        _PREFIX,
+        str_bytes(record.database),
+        str_bytes(record.table),
+        long_bytes(record.table_id),
+        long_bytes(record.commit_ts),
+        long_bytes(record.lsn),
+        tail,
+    ))
+
+
 def encode_logtail(record: LogtailRecord) -> bytes:
+    try:
+        fast = _common(record)
+    except _UNFIT:
+        fast = None  # a value that does not fit: the codec says what is wrong
+    if fast is not None:
+        return fast
     return encode_record(
         LOGTAIL,
         {
@@ -208,8 +263,39 @@ def encode_logtail(record: LogtailRecord) -> bytes:
 
 
 def decode_logtail(data: bytes) -> LogtailRecord:
+    fast = _read_common(data)
+    if fast is not None:
+        return fast
     _, d = decode_record(data, expected=LOGTAIL)
     name, body = d["body"]
     return LogtailRecord(
         d["database"], d["table"], d["commit_ts"], _body_in(name, body), d["table_id"], d["lsn"]
     )
+
+
+def _read_common(data: bytes) -> LogtailRecord | None:
+    """A Changes or Heartbeat record read field by field; None when `data` is not one or
+    does not read cleanly to its end (the codec then judges it and raises its error)."""
+    if not data.startswith(_PREFIX):
+        return None
+    try:
+        database, pos = read_str(data, len(_PREFIX))
+        table, pos = read_str(data, pos)
+        table_id, pos = read_long(data, pos)
+        commit_ts, pos = read_long(data, pos)
+        lsn, pos = read_long(data, pos)
+        branch, pos = data[pos : pos + 1], pos + 1
+        body: Body
+        if branch == _CHANGES:
+            inserts, pos = read_optional_bytes(data, pos)
+            deletes, pos = read_optional_bytes(data, pos)
+            body = Changes(inserts, deletes)
+        elif branch == _HEARTBEAT:
+            body = Heartbeat()
+        else:
+            return None
+    except (IndexError, ValueError):
+        return None
+    if pos != len(data):
+        return None
+    return LogtailRecord(database, table, commit_ts, body, table_id, lsn)

@@ -24,9 +24,9 @@ from schemas.arrow_ipc import ipc_to_table, table_to_ipc
 from schemas.avro_binary import (
     bytes_bytes,
     long_bytes,
-    read_bytes,
     read_count,
     read_long,
+    read_optional_bytes,
     read_str,
     str_bytes,
 )
@@ -384,8 +384,8 @@ def _read_request_v1(data: bytes) -> TxnRequest | None:
                         columns.append(Column(name, type_))
                     n, pos = read_count(data, pos)
                 primary_key, pos = read_str(data, pos)
-                rows, pos = _read_optional_bytes(data, pos)
-                keys, pos = _read_optional_bytes(data, pos)
+                rows, pos = read_optional_bytes(data, pos)
+                keys, pos = read_optional_bytes(data, pos)
                 fields.append(
                     (_OP_KIND_SYMBOLS[kind], database, table, tuple(columns), primary_key, rows, keys)
                 )
@@ -396,16 +396,6 @@ def _read_request_v1(data: bytes) -> TxnRequest | None:
         return None
     ops = tuple([_op(i, *f, ()) for i, f in enumerate(fields)])
     return TxnRequest(request_id, client_id, ops, sent_at_ms)
-
-
-def _read_optional_bytes(data: bytes, pos: int) -> tuple[bytes | None, int]:
-    """A ``["null", "bytes"]`` union's value at `pos` (ValueError: another branch)."""
-    branch = data[pos]
-    if branch == 0:
-        return None, pos + 1
-    if branch != 2:  # zig-zag 1: the bytes branch
-        raise ValueError(f"union branch {branch}")
-    return read_bytes(data, pos + 1)
 
 
 def _result_body(res: TxnResult) -> bytes:

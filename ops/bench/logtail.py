@@ -20,6 +20,14 @@
    publisher + the bench's loop; `cn_cpu_us_per_commit_*`: the CN process)
    and the engine process's collector pauses (`gc_pauses_*`, `gc_max_ms_*`):
    on a shared machine the latencies follow the load, CPU per commit far less.
+   Where the bench started its own broker, per rate also that broker's CPU per commit
+   (`broker_cpu_us_per_commit_*`, all its threads) and the part of it its JIT compiler
+   threads used (`broker_jit_cpu_us_per_commit_*`): a JVM started seconds before
+   the first phase still compiles Kafka's request path through it.
+   The 1k/s phase runs once more after the 10k/s one (`*_1k_after`), on the same
+   broker, which by then has compiled that path: beside the first 1k/s phase it
+   tells kwal's latency from a fresh broker's warm-up (docs/perf-commit.md,
+   "commit->visible (2)").
 2. apply rate: the same table's topic is read from the start by a fresh CN
    (decode + apply) and by a raw confluent-kafka consumer (no decode), in the
    same run; `apply_vs_raw` = CN rows/s / raw rows/s (raw counts the rows
@@ -44,11 +52,11 @@ from confluent_kafka import Consumer, TopicPartition
 from consumers.core.cn import CN
 from infra.collector import freeze_startup_heap
 from infra.config import KwalConfig
-from infra.processes import REPO, child_env
+from infra.processes import REPO, child_env, process_tree_cpu_s, threads_cpu_s
 from infra.topics import ensure_topics
 from ops.bench.kafka import bench_kafka
 from ops.bench.report import emit, machine_loop_ms, percentile, ratio
-from ops.bench.saturated import cpu_s
+from ops.bench.saturated import JIT_THREADS, cpu_s
 from tn.engine import Engine
 from tn.logstore.driver import LogStore
 from tn.logstore.memory_backend import MemoryDriver
@@ -192,14 +200,28 @@ class _GcPauses:
 TRUNCATE_EVERY = 256  # commits between truncations of the bench's memory WAL
 
 
+def _broker_cpu(pid: int | None) -> tuple[float | None, float | None]:
+    """CPU seconds so far of the bench's own broker (its process tree) and of its JIT
+    compiler threads; (None, None) when the bench runs on a broker it did not start."""
+    if pid is None:
+        return None, None
+    return process_tree_cpu_s(pid), threads_cpu_s(pid, JIT_THREADS)
+
+
 def _latency_phase(
-    engine: Engine, cn: _RemoteCN, rate: int, seconds: float, first_id: int
+    engine: Engine,
+    cn: _RemoteCN,
+    rate: int,
+    seconds: float,
+    first_id: int,
+    broker_pid: int | None = None,
 ) -> dict[str, float]:
     vis = _Visibility()
     outcomes = _Outcomes(vis)
     cn.on_watermark = vis.watermark
     interval = 1.0 / rate
     cpu0, cn_cpu0 = cpu_s(os.getpid()), cpu_s(cn.proc.pid)
+    broker0 = _broker_cpu(broker_pid)
     with _GcPauses() as pauses:
         start = time.perf_counter()
         n = 0
@@ -220,9 +242,14 @@ def _latency_phase(
         while vis.pending_ts and time.monotonic() < deadline:
             time.sleep(0.01)
     tn_cpu, cn_cpu = cpu_s(os.getpid()) - cpu0, cpu_s(cn.proc.pid) - cn_cpu0
+    broker = {
+        f"{name}_cpu_us_per_commit": round((after - before) / n * 1e6, 1)
+        for name, before, after in zip(("broker", "broker_jit"), broker0, _broker_cpu(broker_pid), strict=True)
+        if before is not None and after is not None
+    }
     cn.on_watermark = None
     lat = vis.latencies_ms
-    return {
+    return broker | {
         "achieved_tps": round(n / elapsed, 1),
         "p50_ms": round(percentile(lat, 50), 2),
         "p99_ms": round(percentile(lat, 99), 2),
@@ -291,7 +318,7 @@ def run(args: Any, cfg: KwalConfig) -> int:
     out: dict[str, Any] = {
         "bench": "logtail", "seconds_per_rate": seconds, "machine_loop_ms_start": machine_loop_ms(),
     }
-    with bench_kafka(cfg, "logtail") as (cfg, where, _broker):
+    with bench_kafka(cfg, "logtail") as (cfg, where, broker):
         out["kafka"] = where
         out["heartbeat_ms"] = cfg.tn.heartbeat_ms
         ensure_topics(cfg)
@@ -307,8 +334,11 @@ def run(args: Any, cfg: KwalConfig) -> int:
             cn.wait_for(engine.visible_ts, timeout_s=30)
             freeze_startup_heap()  # as `kwal tn run` does once it has started
             try:
-                for rate, key in ((1000, "1k"), (10000, "10k")):
-                    phase = _latency_phase(engine, cn, rate, seconds, first_id=rate * 1_000_000)
+                broker_pid = broker.pid if broker is not None else None
+                for i, (rate, key) in enumerate(((1000, "1k"), (10000, "10k"), (1000, "1k_after"))):
+                    phase = _latency_phase(
+                        engine, cn, rate, seconds, first_id=(i + 1) * 10**10, broker_pid=broker_pid
+                    )
                     for k, v in phase.items():
                         out[f"{k}_{key}"] = v
             finally:
