@@ -20,6 +20,7 @@ The encoding (Avro 1.11 specification, "Binary Encoding"):
 
 from __future__ import annotations
 
+ARRAY_END = b"\x00"  # an array's closing empty block (a count of 0)
 _INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
 # the one-byte encodings: longs -64..63 (zig-zag 0..127)
 _SMALL = [bytes((z,)) for z in range(128)]
@@ -43,6 +44,11 @@ def long_bytes(n: int) -> bytes:
 def bytes_bytes(b: bytes) -> bytes:
     """`b` as Avro bytes (length, then the bytes)."""
     return long_bytes(len(b)) + b
+
+
+def optional_bytes(b: bytes | None) -> bytes:
+    """`b` as a ``["null", "bytes"]`` union: branch 0 for None, else branch 1 and the bytes."""
+    return b"\x00" if b is None else b"\x02" + bytes_bytes(b)
 
 
 def str_bytes(s: str) -> bytes:

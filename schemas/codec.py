@@ -54,7 +54,7 @@ from typing import Any
 from fastavro import schemaless_reader, schemaless_writer
 from fastavro.schema import load_schema
 
-from schemas.avro_binary import long_bytes
+from schemas.avro_binary import ARRAY_END, long_bytes
 from schemas.exceptions import (
     DecodeError,
     EncodeError,
@@ -411,8 +411,7 @@ def encode_entry(entry: WalEntry, lsn: int | None = None) -> EncodedEntry:
 # walks the schema for every entry, on the commit path (docs/perf-commit.md,
 # "commit->visible (2)"). The bytes are fastavro's own
 # (tests/schemas/test_wal_codec.py compares them); entries with catalog commands go
-# through the codec. Union branches and array ends per `wal_entry.avsc`.
-_END = b"\x00"  # an array's closing empty block
+# through the codec. Union branches per `wal_entry.avsc`.
 
 
 def _command_branch(name: str) -> bytes:
@@ -444,7 +443,7 @@ def _rows_entry(entry: WalEntry) -> bytes | None:
     if txn.memo:
         parts.append(long_bytes(len(txn.memo)))
         parts += [_dest_bytes(d) for d in txn.memo]
-    parts.append(_END)
+    parts.append(ARRAY_END)
     if commands:
         parts.append(long_bytes(len(commands)))
     for c in commands:
@@ -460,15 +459,15 @@ def _rows_entry(entry: WalEntry) -> bytes | None:
                     long_bytes(i.dest_offset),
                     long_bytes(i.dest_length),
                 )
-            parts += (_END, long_bytes(len(c.batch)), c.batch)
+            parts += (ARRAY_END, long_bytes(len(c.batch)), c.batch)
         else:
             assert isinstance(c, Delete)
             parts += (_DELETE_BRANCH, _dest_bytes(c.dest))
             if c.rows:
                 parts.append(long_bytes(len(c.rows)))
                 parts += [long_bytes(r) for r in c.rows]
-            parts.append(_END)
-    parts.append(_END)
+            parts.append(ARRAY_END)
+    parts.append(ARRAY_END)
     return b"".join(parts)
 
 

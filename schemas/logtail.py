@@ -26,6 +26,7 @@ from typing import Any
 
 from schemas.avro_binary import (
     long_bytes,
+    optional_bytes,
     read_long,
     read_optional_bytes,
     read_str,
@@ -213,20 +214,15 @@ _BRANCH = {
     )
 }
 _CHANGES, _HEARTBEAT = _BRANCH["Changes"], _BRANCH["Heartbeat"]
-_NULL, _BYTES = b"\x00", b"\x02"  # ["null", "bytes"]: branch 0, branch 1
 # what the hand-written writer gives up on, for the codec to write or refuse
 _UNFIT = (TypeError, AttributeError, ValueError, OverflowError)
-
-
-def _optional_bytes(b: bytes | None) -> bytes:
-    return _NULL if b is None else _BYTES + long_bytes(len(b)) + b
 
 
 def _common(record: LogtailRecord) -> bytes | None:
     """A Changes or Heartbeat record written by hand; None for any other body."""
     body = record.body
     if isinstance(body, Changes):
-        tail = b"".join((_CHANGES, _optional_bytes(body.inserts), _optional_bytes(body.deletes)))
+        tail = b"".join((_CHANGES, optional_bytes(body.inserts), optional_bytes(body.deletes)))
     elif isinstance(body, Heartbeat):
         tail = _HEARTBEAT
     else:

@@ -22,8 +22,9 @@ import pyarrow as pa
 
 from schemas.arrow_ipc import ipc_to_table, table_to_ipc
 from schemas.avro_binary import (
-    bytes_bytes,
+    ARRAY_END,
     long_bytes,
+    optional_bytes,
     read_count,
     read_long,
     read_optional_bytes,
@@ -319,7 +320,6 @@ _RESULT_PREFIX = envelope_prefix(RESULT_SCHEMA)
 _RESULT_BATCH_PREFIX = envelope_prefix(RESULT_BATCH_SCHEMA)
 _STATUSES = tuple(Status(s) for s in _symbols(parsed_schema(RESULT_SCHEMA), "status"))
 _KINDS = {k.value: k for k in Kind}
-_NULL, _SECOND, _END = b"\x00", b"\x02", b"\x00"  # union branch 0, branch 1; array end
 _OP_KIND_SYMBOLS = tuple(_OP_KIND_BYTES)
 _STATUS_BYTES = {s.value: long_bytes(i) for i, s in enumerate(_STATUSES)}
 _EMPTY3, _NO_ABORT = ("", "", ""), b"\x00\x00\x00"  # kind, reason, message: three ""
@@ -346,12 +346,12 @@ def _request_v1(req: TxnRequest) -> bytes:
             for c in op.columns:
                 parts += (str_bytes(c.name), str_bytes(c.type))
         parts += (
-            _END,
+            ARRAY_END,
             str_bytes(op.primary_key),
-            _NULL if op.rows is None else _SECOND + bytes_bytes(table_to_ipc(op.rows)),
-            _NULL if op.keys is None else _SECOND + bytes_bytes(_keys_to_ipc(op.keys)),
+            optional_bytes(None if op.rows is None else table_to_ipc(op.rows)),
+            optional_bytes(None if op.keys is None else _keys_to_ipc(op.keys)),
         )
-    parts.append(_END)
+    parts.append(ARRAY_END)
     return b"".join(parts)
 
 
@@ -508,9 +508,9 @@ def encode_results(results: list[TxnResult]) -> bytes:
     """Several results (of one client) as ONE `txn_result_batch` record."""
     try:
         if not results:
-            return _RESULT_BATCH_PREFIX + _END
+            return _RESULT_BATCH_PREFIX + ARRAY_END
         return b"".join(
-            [_RESULT_BATCH_PREFIX, long_bytes(len(results)), *map(_result_body, results), _END]
+            [_RESULT_BATCH_PREFIX, long_bytes(len(results)), *map(_result_body, results), ARRAY_END]
         )
     except _UNFIT:
         return encode_record(
