@@ -245,24 +245,30 @@ def encode_logtail(record: LogtailRecord) -> bytes:
         fast = None  # a value that does not fit: the codec says what is wrong
     if fast is not None:
         return fast
-    return encode_record(
-        LOGTAIL,
-        {
-            "database": record.database,
-            "table": record.table,
-            "table_id": record.table_id,
-            "commit_ts": record.commit_ts,
-            "lsn": record.lsn,
-            "body": _body_out(record.body),
-        },
-    )
+    return encode_record(LOGTAIL, record_to_dict(record))
 
 
 def decode_logtail(data: bytes) -> LogtailRecord:
     fast = _read_common(data)
     if fast is not None:
         return fast
-    _, d = decode_record(data, expected=LOGTAIL)
+    return record_from_dict(decode_record(data, expected=LOGTAIL)[1])
+
+
+def record_to_dict(record: LogtailRecord) -> dict[str, Any]:
+    """The ``logtail`` dict of a record, as the codec writes it."""
+    return {
+        "database": record.database,
+        "table": record.table,
+        "table_id": record.table_id,
+        "commit_ts": record.commit_ts,
+        "lsn": record.lsn,
+        "body": _body_out(record.body),
+    }
+
+
+def record_from_dict(d: dict[str, Any]) -> LogtailRecord:
+    """The inverse of `record_to_dict`."""
     name, body = d["body"]
     return LogtailRecord(
         d["database"], d["table"], d["commit_ts"], _body_in(name, body), d["table_id"], d["lsn"]

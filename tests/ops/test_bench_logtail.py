@@ -4,8 +4,8 @@ What it proves: every commit of the phase is seen by the CN process (none left
 unresolved: the CN's start line and its watermark lines parse, and the outcome count
 replaces the kept futures), the CPU figures of both processes are reported (and the
 broker's, when the bench knows its process), and the engine's process keeps no WAL entry
-per commit (the memory WAL was truncated behind
-the commits, `ops.bench.logtail.TRUNCATE_EVERY`)."""
+per commit (the memory WAL was truncated behind the commits,
+`ops.bench.logtail.TRUNCATE_EVERY`)."""
 
 from __future__ import annotations
 

@@ -21,10 +21,10 @@ from schemas.logtail import (
     Checkpoint,
     Heartbeat,
     LogtailRecord,
-    _body_in,
-    _body_out,
     decode_logtail,
     encode_logtail,
+    record_from_dict,
+    record_to_dict,
 )
 
 INT64 = st.integers(-(1 << 63), (1 << 63) - 1)
@@ -43,17 +43,7 @@ records = st.builds(
 
 
 def _codec(record: LogtailRecord) -> bytes:
-    return encode_record(
-        LOGTAIL,
-        {
-            "database": record.database,
-            "table": record.table,
-            "table_id": record.table_id,
-            "commit_ts": record.commit_ts,
-            "lsn": record.lsn,
-            "body": _body_out(record.body),
-        },
-    )
+    return encode_record(LOGTAIL, record_to_dict(record))
 
 
 @settings(max_examples=400)
@@ -118,8 +108,4 @@ def test_a_damaged_record_reads_as_the_codec_reads_it(record: LogtailRecord, dat
 
 
 def _read_by_codec(data: bytes) -> LogtailRecord:
-    _, d = decode_record(data, expected=LOGTAIL)
-    name, body = d["body"]
-    return LogtailRecord(
-        d["database"], d["table"], d["commit_ts"], _body_in(name, body), d["table_id"], d["lsn"]
-    )
+    return record_from_dict(decode_record(data, expected=LOGTAIL)[1])
