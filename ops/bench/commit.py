@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import shutil
 import sys
 import tempfile
 import threading
@@ -237,12 +238,24 @@ def _txn_producer(cfg: KwalConfig, txn_id: str) -> Producer:
 
 
 def run(args: Any, cfg: KwalConfig) -> int:
+    """The bench in a work directory of its own (the TN's log, a file WAL), removed when
+    the bench completes and kept, with its path printed, when it fails."""
+    workdir = Path(tempfile.mkdtemp(prefix="kwal-bench-commit-"))
+    try:
+        code = _run(args, cfg, workdir)
+    except BaseException:
+        print(f"kwal bench commit: its work directory (the TN's log) is kept: {workdir}", file=sys.stderr)
+        raise
+    shutil.rmtree(workdir, ignore_errors=True)
+    return code
+
+
+def _run(args: Any, cfg: KwalConfig, workdir: Path) -> int:
     seconds = float(getattr(args, "seconds", 5.0) or 5.0)
     saturated_seconds = float(getattr(args, "saturated_seconds", 60.0) or 0.0)
     saturated_only = bool(getattr(args, "saturated_only", False))
     one_row = not bool(getattr(args, "only_1000row", False))
     big_inflight = int(getattr(args, "big_inflight", BIG_CLIENTS * BIG_INFLIGHT))
-    workdir = Path(tempfile.mkdtemp(prefix="kwal-bench-commit-"))
     out: dict[str, Any] = {
         "bench": "commit", "seconds": seconds, "clients": list(CLIENTS),
         "machine_loop_ms_start": machine_loop_ms(),
