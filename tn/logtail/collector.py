@@ -118,6 +118,11 @@ def collect(entry: WalEntry, view: CatalogView) -> tuple[list[LogtailRecord], li
             # logtail` it took about a tenth of the publisher thread.
             batch = ipc_to_table(cmd.batch, validate=False)
             for info in cmd.infos:
+                if info.src_length != info.dest_length:  # row ids count the rows moved
+                    raise ValueError(
+                        f"WAL entry {lsn}: an Append moves {info.src_length} rows "
+                        f"into {info.dest_length}"
+                    )
                 target = changes_of(info.dest.table_id)
                 if target is not None:
                     rows = batch.slice(info.src_offset, info.src_length)
