@@ -21,6 +21,10 @@ The encoding (Avro 1.11 specification, "Binary Encoding"):
 from __future__ import annotations
 
 ARRAY_END = b"\x00"  # an array's closing empty block (a count of 0)
+# What a hand-written writer gives up on, for the codec to write the value or say what is
+# wrong with it: a value of another type, a missing field, a number beyond a long, a
+# string that is not UTF-8 (UnicodeEncodeError is a ValueError).
+UNFIT = (TypeError, AttributeError, KeyError, ValueError, OverflowError)
 _INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
 # the one-byte encodings: longs -64..63 (zig-zag 0..127)
 _SMALL = [bytes((z,)) for z in range(128)]
@@ -48,7 +52,7 @@ def bytes_bytes(b: bytes) -> bytes:
 
 def optional_bytes(b: bytes | None) -> bytes:
     """`b` as a ``["null", "bytes"]`` union: branch 0 for None, else branch 1 and the bytes."""
-    return b"\x00" if b is None else b"\x02" + bytes_bytes(b)
+    return b"\x00" if b is None else b"\x02" + long_bytes(len(b)) + b
 
 
 def str_bytes(s: str) -> bytes:

@@ -54,7 +54,7 @@ from typing import Any
 from fastavro import schemaless_reader, schemaless_writer
 from fastavro.schema import load_schema
 
-from schemas.avro_binary import ARRAY_END, long_bytes
+from schemas.avro_binary import ARRAY_END, UNFIT, long_bytes
 from schemas.exceptions import (
     DecodeError,
     EncodeError,
@@ -399,7 +399,7 @@ def encode_entry(entry: WalEntry, lsn: int | None = None) -> EncodedEntry:
         entry = WalEntry(lsn, entry.txn, entry.commands)
     try:
         data = _rows_entry(entry)
-    except (TypeError, AttributeError, ValueError, OverflowError):
+    except UNFIT:
         data = None  # a value that does not fit: the codec says what is wrong
     if data is None:
         data = encode_record(WAL_ENTRY, entry_to_record(entry))

@@ -25,6 +25,7 @@ from enum import StrEnum
 from typing import Any
 
 from schemas.avro_binary import (
+    UNFIT,
     long_bytes,
     optional_bytes,
     read_long,
@@ -214,17 +215,15 @@ _BRANCH = {
     )
 }
 _CHANGES, _HEARTBEAT = _BRANCH["Changes"], _BRANCH["Heartbeat"]
-# what the hand-written writer gives up on, for the codec to write or refuse
-_UNFIT = (TypeError, AttributeError, ValueError, OverflowError)
 
 
 def _common(record: LogtailRecord) -> bytes | None:
     """A Changes or Heartbeat record written by hand; None for any other body."""
     body = record.body
     if isinstance(body, Changes):
-        tail = b"".join((_CHANGES, optional_bytes(body.inserts), optional_bytes(body.deletes)))
+        tail: tuple[bytes, ...] = (_CHANGES, optional_bytes(body.inserts), optional_bytes(body.deletes))
     elif isinstance(body, Heartbeat):
-        tail = _HEARTBEAT
+        tail = (_HEARTBEAT,)
     else:
         return None
     return b"".join((
@@ -234,14 +233,14 @@ def _common(record: LogtailRecord) -> bytes | None:
         long_bytes(record.table_id),
         long_bytes(record.commit_ts),
         long_bytes(record.lsn),
-        tail,
+        *tail,
     ))
 
 
 def encode_logtail(record: LogtailRecord) -> bytes:
     try:
         fast = _common(record)
-    except _UNFIT:
+    except UNFIT:
         fast = None  # a value that does not fit: the codec says what is wrong
     if fast is not None:
         return fast

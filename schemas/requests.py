@@ -23,6 +23,7 @@ import pyarrow as pa
 from schemas.arrow_ipc import ipc_to_table, table_to_ipc
 from schemas.avro_binary import (
     ARRAY_END,
+    UNFIT,
     long_bytes,
     optional_bytes,
     read_count,
@@ -323,8 +324,6 @@ _KINDS = {k.value: k for k in Kind}
 _OP_KIND_SYMBOLS = tuple(_OP_KIND_BYTES)
 _STATUS_BYTES = {s.value: long_bytes(i) for i, s in enumerate(_STATUSES)}
 _EMPTY3, _NO_ABORT = ("", "", ""), b"\x00\x00\x00"  # kind, reason, message: three ""
-# what the hand-written paths give up on, for the codec to write or refuse
-_UNFIT = (TypeError, AttributeError, KeyError, ValueError, OverflowError)
 
 
 def _request_v1(req: TxnRequest) -> bytes:
@@ -470,7 +469,7 @@ def encode_request(req: TxnRequest) -> bytes:
     if not any(op.objects for op in req.ops):
         try:
             return _request_v1(req)
-        except _UNFIT:
+        except UNFIT:
             pass  # not the common shape: the codec writes it, or says what is wrong
     d = request_to_dict(req)
     if any("objects" in op for op in d["ops"]):
@@ -495,7 +494,7 @@ def decode_request(data: bytes) -> TxnRequest:
 def encode_result(res: TxnResult) -> bytes:
     try:
         return _RESULT_PREFIX + _result_body(res)
-    except _UNFIT:
+    except UNFIT:
         return encode_record(RESULT_SCHEMA, result_to_dict(res))  # writes it or says why not
 
 
@@ -512,7 +511,7 @@ def encode_results(results: list[TxnResult]) -> bytes:
         return b"".join(
             [_RESULT_BATCH_PREFIX, long_bytes(len(results)), *map(_result_body, results), ARRAY_END]
         )
-    except _UNFIT:
+    except UNFIT:
         return encode_record(
             RESULT_BATCH_SCHEMA, {"results": [result_to_dict(r) for r in results]}
         )

@@ -52,11 +52,11 @@ from confluent_kafka import Consumer, TopicPartition
 from consumers.core.cn import CN
 from infra.collector import freeze_startup_heap
 from infra.config import KwalConfig
-from infra.processes import REPO, child_env, process_tree_cpu_s, threads_cpu_s
+from infra.processes import REPO, child_env
 from infra.topics import ensure_topics
 from ops.bench.kafka import bench_kafka
 from ops.bench.report import emit, machine_loop_ms, percentile, ratio
-from ops.bench.saturated import JIT_THREADS, cpu_s
+from ops.bench.saturated import broker_cpu_s, cpu_s
 from tn.engine import Engine
 from tn.logstore.driver import LogStore
 from tn.logstore.memory_backend import MemoryDriver
@@ -200,14 +200,6 @@ class _GcPauses:
 TRUNCATE_EVERY = 256  # commits between truncations of the bench's memory WAL
 
 
-def _broker_cpu(pid: int | None) -> tuple[float | None, float | None]:
-    """CPU seconds so far of the bench's own broker (its process tree) and of its JIT
-    compiler threads; (None, None) when the bench runs on a broker it did not start."""
-    if pid is None:
-        return None, None
-    return process_tree_cpu_s(pid), threads_cpu_s(pid, JIT_THREADS)
-
-
 def _latency_phase(
     engine: Engine,
     cn: _RemoteCN,
@@ -221,7 +213,7 @@ def _latency_phase(
     cn.on_watermark = vis.watermark
     interval = 1.0 / rate
     cpu0, cn_cpu0 = cpu_s(os.getpid()), cpu_s(cn.proc.pid)
-    broker0 = _broker_cpu(broker_pid)
+    broker0 = broker_cpu_s(broker_pid)
     with _GcPauses() as pauses:
         start = time.perf_counter()
         n = 0
@@ -244,7 +236,7 @@ def _latency_phase(
     tn_cpu, cn_cpu = cpu_s(os.getpid()) - cpu0, cpu_s(cn.proc.pid) - cn_cpu0
     broker = {
         f"{name}_cpu_us_per_commit": round((after - before) / n * 1e6, 1)
-        for name, before, after in zip(("broker", "broker_jit"), broker0, _broker_cpu(broker_pid), strict=True)
+        for name, before, after in zip(("broker", "broker_jit"), broker0, broker_cpu_s(broker_pid), strict=True)
         if before is not None and after is not None
     }
     cn.on_watermark = None

@@ -100,17 +100,20 @@ class RssSampler:
 JIT_THREADS = ("C1 CompilerThre", "C2 CompilerThre")
 
 
+def broker_cpu_s(broker_pid: int | None) -> tuple[float | None, float | None]:
+    """CPU seconds so far of the bench's own broker (its process tree) and of its JIT
+    compiler threads; (None, None) when the bench runs on a broker it did not start."""
+    if broker_pid is None:
+        return None, None
+    return process_tree_cpu_s(broker_pid), threads_cpu_s(broker_pid, JIT_THREADS)
+
+
 def _phase_cpu(
     tn_pid: int, broker_pid: int | None
 ) -> tuple[float, float, float | None, float | None]:
     """CPU seconds so far of the TN, of this process (the clients), of the broker's
     process tree and of its JIT compiler threads (None: no local broker)."""
-    return (
-        cpu_s(tn_pid),
-        sum(os.times()[:2]),
-        process_tree_cpu_s(broker_pid) if broker_pid is not None else None,
-        threads_cpu_s(broker_pid, JIT_THREADS) if broker_pid is not None else None,
-    )
+    return (cpu_s(tn_pid), sum(os.times()[:2]), *broker_cpu_s(broker_pid))
 
 
 # the processes of `_phase_cpu`'s readings, as its figures name them; the 1-row phase's

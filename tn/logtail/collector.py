@@ -165,8 +165,8 @@ def _inserts_ipc(parts: list[tuple[pa.Table, int]], cts: int) -> bytes:
     else:
         rows = pa.concat_tables([p for p, _ in parts], promote_options="default")
         ids = np.concatenate([np.arange(f, f + p.num_rows, dtype=np.int64) for p, f in parts])
-    n = rows.num_rows
-    schema = pa.schema([*_ID_FIELDS, *rows.schema], metadata=rows.schema.metadata)
+    n, given = rows.num_rows, rows.schema
+    schema = pa.schema([*_ID_FIELDS, *given], metadata=given.metadata)
     columns = [pa.array(ids, _INT64), pa.array(np.full(n, cts, dtype=np.int64), _INT64), *rows.columns]
     return table_to_ipc(pa.Table.from_arrays(columns, schema=schema))
 
