@@ -82,8 +82,16 @@ TEST_BROKER = os.environ.get("KWAL_TEST_BROKER", DEFAULT_BROKER)
 #   Kafka client settings): the Apache Kafka nodes the tests start that are not given
 #   options of their own (`infra.brokers.apache_kafka.default_jvm_options`): the session
 #   broker, RestartableBroker, `kwal up`'s broker.
+# - Spark's JVMs also keep their temporary files (`spark.local.dir` defaults to
+#   `java.io.tmpdir`) under the run's LOG_DIR: a job a test kills with SIGKILL runs no
+#   shutdown hook, and left its `artifacts-*` directory in /tmp (2-4 a CI run).
 TEST_JVM_FLAGS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
-os.environ.setdefault("SPARK_SUBMIT_OPTS", f"{TEST_JVM_FLAGS} -Dspark.sql.codegen.factoryMode=NO_CODEGEN")
+SPARK_TMP = LOG_DIR / "spark-tmp"
+os.environ.setdefault(
+    "SPARK_SUBMIT_OPTS",
+    f"{TEST_JVM_FLAGS} -Dspark.sql.codegen.factoryMode=NO_CODEGEN -Djava.io.tmpdir={SPARK_TMP}",
+)
+SPARK_TMP.mkdir(parents=True, exist_ok=True)
 os.environ.setdefault(JVM_OPTIONS_ENV, f"{HEAP} {TEST_JVM_FLAGS}")
 
 
