@@ -84,12 +84,13 @@ TEST_BROKER = os.environ.get("KWAL_TEST_BROKER", DEFAULT_BROKER)
 #   broker, RestartableBroker, `kwal up`'s broker.
 # - Spark's JVMs also keep their temporary files (`spark.local.dir` defaults to
 #   `java.io.tmpdir`) under the run's LOG_DIR: a job a test kills with SIGKILL runs no
-#   shutdown hook, and left its `artifacts-*` directory in /tmp (2-4 a CI run).
+#   shutdown hook, and left its `artifacts-*` directory in /tmp (2-4 a CI run). Not for a
+#   LOG_DIR with whitespace: Spark's launcher splits SPARK_SUBMIT_OPTS on it.
 TEST_JVM_FLAGS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 SPARK_TMP = LOG_DIR / "spark-tmp"
+_spark_tmp_flag = "" if any(c.isspace() for c in str(SPARK_TMP)) else f" -Djava.io.tmpdir={SPARK_TMP}"
 os.environ.setdefault(
-    "SPARK_SUBMIT_OPTS",
-    f"{TEST_JVM_FLAGS} -Dspark.sql.codegen.factoryMode=NO_CODEGEN -Djava.io.tmpdir={SPARK_TMP}",
+    "SPARK_SUBMIT_OPTS", f"{TEST_JVM_FLAGS} -Dspark.sql.codegen.factoryMode=NO_CODEGEN{_spark_tmp_flag}"
 )
 SPARK_TMP.mkdir(parents=True, exist_ok=True)
 os.environ.setdefault(JVM_OPTIONS_ENV, f"{HEAP} {TEST_JVM_FLAGS}")
