@@ -15,7 +15,7 @@ confluent-kafka consumer reads the whole WAL topic from the beginning.
 Figures: `replay_eps_<N>` = entries replayed / (driver open - its fixed cost
 `driver_open_empty_s`, measured on an empty topic in the same run, + replay
 seconds) -- the driver also reads the pre-checkpoint records still in the topic
-(the embedded broker lacks DeleteRecords: truncation there is logical);
+(the bench's drivers do not DeleteRecords, so the topic holds them on every broker);
 `replay_apply_eps_<N>` = entries / seconds to decode and apply them;
 `raw_eps_<N>` = entries in the topic / raw consume seconds; `replay_vs_raw` =
 replay_eps / raw_eps at the largest N (target >= 0.5). `driver_open_cpu_s_<N>`,

@@ -59,7 +59,8 @@ by itself (`tn.service.main`).
 `truncate(lsn)`: (1) per partition, find the offset before which every record
 holds only LSNs <= lsn (seed 004's rule), (2) record the point and those
 offsets on the meta topic (durable), (3) forget entries <= lsn, (4)
-DeleteRecords up to those offsets where the broker supports it; otherwise
+DeleteRecords up to those offsets where the broker supports it (and the caller
+did not turn it off); otherwise
 truncation is logical only, logged once and shown in `truncation_mode` /
 `truncation_note` (for `kwal ops status`). Either way a starting writer reads
 each partition from the recorded offset (step 5 of opening), never from 0.
@@ -276,6 +277,13 @@ class KafkaDriver(LogDriver):
         self._meta.record_base(self.epoch, self.writer_id, r.last_lsn)
         self._deletes = deletes_records(cfg, "WAL") if delete_records is None else delete_records
         self.truncation_mode = "physical" if self._deletes else "logical"
+        # why truncation is logical, for the note `_truncate` writes: the probe's verdict on
+        # the broker (a warning), or the caller's choice (a bench that replays the whole topic)
+        self._probed = delete_records is None
+        self._logical_because = (
+            f"the broker at {cfg.bootstrap} lacks DeleteRecords" if self._probed
+            else "DeleteRecords is turned off for this WAL (delete_records=False)"
+        )
         self._deleter = RecordDeleter(self._timeout, retried="at the next truncate")
         self._delete_target: dict[int, int] = {
             p: off for p, off in self.replay_start.items() if off > 0
@@ -543,11 +551,11 @@ class KafkaDriver(LogDriver):
         if not self._deletes:
             if not self.truncation_note:
                 self.truncation_note = (
-                    f"the broker at {self.cfg.bootstrap} lacks DeleteRecords: WAL truncation is "
-                    "logical only (the truncation point is on the meta topic; records stay, and "
-                    "a starting writer reads from the recorded offsets)"
+                    f"{self._logical_because}: WAL truncation is logical only (the truncation "
+                    "point is on the meta topic; records stay, and a starting writer reads from "
+                    "the recorded offsets)"
                 )
-                log.warning("%s", self.truncation_note)
+                log.log(logging.WARNING if self._probed else logging.INFO, "%s", self.truncation_note)
             return
         self._deleter.delete(self._admin, {(self.topic, p): off for p, off in target.items()})
 
