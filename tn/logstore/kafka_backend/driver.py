@@ -59,11 +59,11 @@ by itself (`tn.service.main`).
 `truncate(lsn)`: (1) per partition, find the offset before which every record
 holds only LSNs <= lsn (seed 004's rule), (2) record the point and those
 offsets on the meta topic (durable), (3) forget entries <= lsn, (4)
-DeleteRecords up to those offsets where the broker supports it (and the caller
-did not turn it off); otherwise
-truncation is logical only, logged once and shown in `truncation_mode` /
-`truncation_note` (for `kwal ops status`). Either way a starting writer reads
-each partition from the recorded offset (step 5 of opening), never from 0.
+DeleteRecords up to those offsets where the broker supports it and the caller
+did not turn it off; otherwise truncation is logical only, logged once and
+shown in `truncation_mode` / `truncation_note` (for `kwal ops status`). Either
+way a starting writer reads each partition from the recorded offset (step 5 of
+opening), never from 0.
 """
 
 from __future__ import annotations
