@@ -17,6 +17,7 @@ from consumers.spark.arguments import add_job_arguments
 from infra.brokers.local import BROKERS, DEFAULT_BROKER
 from infra.config import ConfigError, KwalConfig
 from infra.stack import apply_stack
+from ops.install import add_arguments as add_install_arguments
 
 
 def _positive_int(text: str) -> int:
@@ -52,6 +53,11 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--wal", choices=["kafka", "file"], default="kafka", help="the TN's log backend")
     demo.add_argument("--services", type=int, default=4, help="producer services running at once")
     demo.add_argument("--transactions", type=int, default=100, help="transactions per service")
+
+    install = _command(sub, "install", "ops.install:run",
+                       "resolve the JVM components (Apache Kafka, Spark's connectors and Delta "
+                       "Lake, Apicurio Registry) from Maven Central into the cache now")
+    add_install_arguments(install)
 
     up = _command(sub, "up", "infra.stack:run_up", "start a local stack (broker + S3) in the background")
     up.add_argument("--broker", choices=BROKERS, default=DEFAULT_BROKER,

@@ -11,11 +11,13 @@
 
 from __future__ import annotations
 
-from confluent_kafka.admin import AdminClient
-
 
 def metadata_ok(bootstrap: str, timeout_s: float = 2.0) -> bool:
     """True when a broker at `bootstrap` answers a Metadata request."""
+    # imported here: `kwal install` (ops/install.py) imports the brokers' modules with the
+    # standard library alone, beside the `pip install` that brings confluent-kafka
+    from confluent_kafka.admin import AdminClient
+
     admin = AdminClient(
         {"bootstrap.servers": bootstrap, "socket.timeout.ms": int(timeout_s * 1000), "log_level": 2}
     )
