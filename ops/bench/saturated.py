@@ -38,7 +38,7 @@ from typing import Any
 from confluent_kafka import Producer
 
 from infra.config import KwalConfig
-from infra.processes import process_cpu_s, process_tree_cpu_s, threads_cpu_s
+from infra.processes import ThreadsCpuMeter, process_cpu_s, process_tree_cpu_s
 from ops.bench.chained import Measured, measure_chained
 from ops.bench.report import percentile
 
@@ -100,12 +100,20 @@ class RssSampler:
 JIT_THREADS = ("C1 CompilerThre", "C2 CompilerThre")
 
 
+# one meter per broker process: the JIT figure is counted per compiler thread across the
+# bench's readings (`ThreadsCpuMeter`); a pid used again by a later broker has threads of
+# other start times, which the meter counts as new
+_JIT_METERS: dict[int, ThreadsCpuMeter] = {}
+
+
 def broker_cpu_s(broker_pid: int | None) -> tuple[float | None, float | None]:
     """CPU seconds so far of the bench's own broker (its process tree) and of its JIT
     compiler threads; (None, None) when the bench runs on a broker it did not start."""
     if broker_pid is None:
         return None, None
-    return process_tree_cpu_s(broker_pid), threads_cpu_s(broker_pid, JIT_THREADS)
+    if broker_pid not in _JIT_METERS:
+        _JIT_METERS[broker_pid] = ThreadsCpuMeter(broker_pid, JIT_THREADS)
+    return process_tree_cpu_s(broker_pid), _JIT_METERS[broker_pid].read()
 
 
 def _phase_cpu(
