@@ -280,10 +280,6 @@ class KafkaDriver(LogDriver):
         # why truncation is logical, for the note `_truncate` writes: the probe's verdict on
         # the broker (a warning), or the caller's choice (a bench that replays the whole topic)
         self._probed = delete_records is None
-        self._logical_because = (
-            f"the broker at {cfg.bootstrap} lacks DeleteRecords" if self._probed
-            else "DeleteRecords is turned off for this WAL (delete_records=False)"
-        )
         self._deleter = RecordDeleter(self._timeout, retried="at the next truncate")
         self._delete_target: dict[int, int] = {
             p: off for p, off in self.replay_start.items() if off > 0
@@ -550,8 +546,12 @@ class KafkaDriver(LogDriver):
         # 4. physical, where the broker can
         if not self._deletes:
             if not self.truncation_note:
+                because = (
+                    f"the broker at {self.cfg.bootstrap} lacks DeleteRecords" if self._probed
+                    else "DeleteRecords is turned off for this WAL (delete_records=False)"
+                )
                 self.truncation_note = (
-                    f"{self._logical_because}: WAL truncation is logical only (the truncation "
+                    f"{because}: WAL truncation is logical only (the truncation "
                     "point is on the meta topic; records stay, and a starting writer reads from "
                     "the recorded offsets)"
                 )
